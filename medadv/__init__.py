@@ -1,0 +1,1 @@
+"""medadv: adversarial robustness for medical imaging models."""

@@ -1,0 +1,385 @@
+"""Tasks: what a model's output means.
+
+A :class:`Task` turns logits and labels into the quantities every attack, defense and metric needs:
+an *unreduced per-element loss* (per sample for multi-class, per label for multi-label, per voxel for
+segmentation), predictions, a per-sample "fooled" test and clean metrics. Attacks never special-case a
+task: CosPGD and SegPGD are weightings of :meth:`Task.element_loss`, so one loop attacks a 14-label
+chest X-ray classifier (per label) and a 3-D organ segmenter (per voxel).
+
+Shapes (``E`` is the task's element grid):
+
+=============  ====================  ====================  ======================
+task           logits                ``y``                 element grid ``E``
+=============  ====================  ====================  ======================
+MultiClass     ``(N, K)``            ``(N,)`` int64        ``(N,)``
+MultiLabel     ``(N, L)``            ``(N, L)`` float 0/1  ``(N, L)``
+Segmentation   ``(N, C, *spatial)``  ``(N, *spatial)`` int  ``(N, *spatial)``
+=============  ====================  ====================  ======================
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["Task", "MultiClass", "MultiLabel", "Segmentation"]
+
+
+def _check_finite(name: str, t: Tensor) -> None:
+    if t.is_floating_point() and not torch.isfinite(t).all():
+        raise ValueError(f"`{name}` contains NaN or Inf values")
+
+
+class Task(ABC):
+    """Base class of all tasks. Subclasses define the element grid and its loss."""
+
+    #: number of leading dims of the element grid that are not spatial (for reductions)
+    name: str = "task"
+
+    # --- validation -------------------------------------------------------------------------------
+    @abstractmethod
+    def validate_logits(self, logits: Tensor) -> None:
+        """Raise ``ValueError`` if ``logits`` cannot be the output of a model for this task."""
+
+    @abstractmethod
+    def validate_labels(self, logits: Tensor, y: Tensor, name: str = "y") -> None:
+        """Raise ``ValueError``/``TypeError`` if ``y`` does not fit ``logits`` for this task."""
+
+    def validate(self, logits: Tensor, y: Tensor | None, name: str = "y") -> None:
+        self.validate_logits(logits)
+        if y is not None:
+            if not isinstance(y, Tensor):
+                raise TypeError(f"`{name}` must be a torch.Tensor, got {type(y).__name__}")
+            self.validate_labels(logits, y, name)
+
+    # --- core quantities ----------------------------------------------------------------------------
+    @abstractmethod
+    def element_loss(self, logits: Tensor, y: Tensor) -> Tensor:
+        """Unreduced loss on the element grid (no weighting, no ignore mask applied)."""
+
+    @abstractmethod
+    def predict(self, logits: Tensor) -> Tensor:
+        """Hard prediction with the dtype and shape of ``y``."""
+
+    @abstractmethod
+    def distributions(self, logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """Predicted and target distributions, class axis at dim 1, for per-element similarity.
+
+        Multi-label labels are treated as independent Bernoulli variables, so both tensors are
+        ``(N, 2, L)`` (``[p, 1 - p]`` against ``[y, 1 - y]``).
+        """
+
+    @abstractmethod
+    def element_correct(self, logits: Tensor, y: Tensor) -> Tensor:
+        """Boolean element grid: prediction equals the label."""
+
+    @abstractmethod
+    def fooled(self, logits: Tensor, y: Tensor, targeted: bool = False) -> Tensor:
+        """``(N,)`` bool: untargeted — the prediction left ``y``; targeted — it reached ``y``."""
+
+    @abstractmethod
+    def metrics(self, logits: Tensor, y: Tensor) -> dict[str, Tensor]:
+        """Per-sample clean metrics, each a tensor with leading dim N."""
+
+    def valid_mask(self, y: Tensor) -> Tensor | None:
+        """Element mask of labels that count (``None``: all count)."""
+        return None
+
+    def loss(self, logits: Tensor, y: Tensor, weight: Tensor | None = None) -> Tensor:
+        """Per-sample loss ``(N,)``: element loss, optionally weighted, averaged over valid elements."""
+        return self.reduce(self.element_loss(logits, y), y, weight)
+
+    def reduce(self, element: Tensor, y: Tensor, weight: Tensor | None = None) -> Tensor:
+        """Average an element-grid tensor to ``(N,)``, honouring weights and ignored labels."""
+        if weight is not None:
+            element = element * weight
+        mask = self.valid_mask(y)
+        flat = element.reshape(element.shape[0], -1)
+        if mask is None:
+            return flat.mean(dim=1)
+        m = mask.reshape(mask.shape[0], -1).to(flat.dtype)
+        return (flat * m).sum(dim=1) / m.sum(dim=1).clamp_min(1.0)
+
+    def to_target(self, y: Tensor, logits: Tensor) -> Tensor:
+        """Labels in the dtype the loss expects (used for clean predictions as labels)."""
+        return y
+
+
+class MultiClass(Task):
+    """Single-label classification with softmax cross-entropy.
+
+    Labels are class indices ``(N,)``; ``fooled`` means the arg-max left the label (untargeted) or
+    reached the target class (targeted).
+    """
+
+    name = "multiclass"
+
+    def validate_logits(self, logits: Tensor) -> None:
+        if logits.ndim != 2 or logits.shape[1] < 2:
+            raise ValueError(
+                f"model output must be (N, K) logits with K >= 2 for MultiClass, got shape {tuple(logits.shape)}"
+            )
+        _check_finite("model output", logits)
+
+    def validate_labels(self, logits: Tensor, y: Tensor, name: str = "y") -> None:
+        if y.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+            raise TypeError(f"`{name}` must hold integer class indices for MultiClass, got dtype {y.dtype}")
+        if tuple(y.shape) != (logits.shape[0],):
+            raise ValueError(f"`{name}` must have shape ({logits.shape[0]},) for MultiClass, got {tuple(y.shape)}")
+        k = logits.shape[1]
+        if y.numel() and (int(y.min()) < 0 or int(y.max()) >= k):
+            raise ValueError(f"`{name}` has labels out of range [0, {k - 1}]")
+
+    def element_loss(self, logits: Tensor, y: Tensor) -> Tensor:
+        return F.cross_entropy(logits, y.long(), reduction="none")
+
+    def predict(self, logits: Tensor) -> Tensor:
+        return logits.argmax(dim=1)
+
+    def distributions(self, logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        p = logits.softmax(dim=1)
+        return p, F.one_hot(y.long(), logits.shape[1]).to(p.dtype)
+
+    def element_correct(self, logits: Tensor, y: Tensor) -> Tensor:
+        return self.predict(logits) == y
+
+    def fooled(self, logits: Tensor, y: Tensor, targeted: bool = False) -> Tensor:
+        hit = self.predict(logits) == y
+        return hit if targeted else ~hit
+
+    def metrics(self, logits: Tensor, y: Tensor) -> dict[str, Tensor]:
+        return {"correct": (self.predict(logits) == y).float()}
+
+    def __repr__(self) -> str:
+        return "MultiClass()"
+
+
+class MultiLabel(Task):
+    """Multi-label classification with independent sigmoid outputs and per-label BCE.
+
+    Args:
+        threshold: probability above which a label is predicted present (0 < threshold < 1).
+
+    Labels are multi-hot floats ``(N, L)`` in {0, 1}. Untargeted ``fooled``: any label flipped;
+    targeted: every label equals the target vector.
+    """
+
+    name = "multilabel"
+
+    def __init__(self, threshold: float = 0.5) -> None:
+        if not 0.0 < float(threshold) < 1.0:
+            raise ValueError(f"`threshold` must be in (0, 1), got {threshold}")
+        self.threshold = float(threshold)
+        self._logit_threshold = float(torch.logit(torch.tensor(self.threshold, dtype=torch.float64)))
+
+    def validate_logits(self, logits: Tensor) -> None:
+        if logits.ndim != 2:
+            raise ValueError(f"model output must be (N, L) logits for MultiLabel, got shape {tuple(logits.shape)}")
+        _check_finite("model output", logits)
+
+    def validate_labels(self, logits: Tensor, y: Tensor, name: str = "y") -> None:
+        if tuple(y.shape) != tuple(logits.shape):
+            raise ValueError(
+                f"`{name}` must be multi-hot with shape {tuple(logits.shape)} for MultiLabel, got {tuple(y.shape)}"
+            )
+        if y.is_floating_point():
+            _check_finite(name, y)
+        if y.dtype == torch.bool:
+            return
+        if y.numel() and not ((y == 0) | (y == 1)).all():
+            raise ValueError(f"`{name}` must contain only 0 and 1 for MultiLabel")
+
+    def element_loss(self, logits: Tensor, y: Tensor) -> Tensor:
+        return F.binary_cross_entropy_with_logits(logits, y.to(logits.dtype), reduction="none")
+
+    def predict(self, logits: Tensor) -> Tensor:
+        return (logits > self._logit_threshold).to(logits.dtype)
+
+    def distributions(self, logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        p = logits.sigmoid()
+        t = y.to(p.dtype)
+        return torch.stack((p, 1 - p), dim=1), torch.stack((t, 1 - t), dim=1)
+
+    def element_correct(self, logits: Tensor, y: Tensor) -> Tensor:
+        return self.predict(logits) == y.to(logits.dtype)
+
+    def fooled(self, logits: Tensor, y: Tensor, targeted: bool = False) -> Tensor:
+        same = self.element_correct(logits, y)
+        return same.all(dim=1) if targeted else ~same.all(dim=1)
+
+    def metrics(self, logits: Tensor, y: Tensor) -> dict[str, Tensor]:
+        correct = self.element_correct(logits, y).float()
+        return {"label_accuracy": correct.mean(dim=1), "exact_match": correct.min(dim=1).values}
+
+    def to_target(self, y: Tensor, logits: Tensor) -> Tensor:
+        return y.to(logits.dtype)
+
+    def __repr__(self) -> str:
+        return f"MultiLabel(threshold={self.threshold})"
+
+
+class Segmentation(Task):
+    """Dense segmentation, 2-D ``(N, C, H, W)`` or 3-D ``(N, C, D, H, W)`` logits.
+
+    Args:
+        num_classes: number of output channels C (background included), ``>= 2``.
+        include_background: whether class 0 counts in Dice-based losses, metrics and ``fooled``.
+        ignore_index: label value excluded from losses and metrics (e.g. 255), or ``None``.
+        loss: ``"ce"`` (per-voxel cross-entropy), ``"dice"`` or ``"dicece"`` (MONAI soft Dice, plus CE).
+        dice_threshold: untargeted ``fooled`` — mean Dice of the prediction against ``y`` below this.
+        target_fraction: targeted ``fooled`` — at least this fraction of valid voxels at the target.
+    """
+
+    name = "segmentation"
+
+    def __init__(
+        self,
+        num_classes: int,
+        include_background: bool = False,
+        ignore_index: int | None = None,
+        loss: str = "ce",
+        dice_threshold: float = 0.5,
+        target_fraction: float = 0.99,
+    ) -> None:
+        if int(num_classes) < 2:
+            raise ValueError(f"`num_classes` must be >= 2, got {num_classes}")
+        if loss not in ("ce", "dice", "dicece"):
+            raise ValueError(f"`loss` must be one of 'ce', 'dice', 'dicece', got {loss!r}")
+        if not 0.0 <= dice_threshold <= 1.0:
+            raise ValueError(f"`dice_threshold` must be in [0, 1], got {dice_threshold}")
+        if not 0.0 < target_fraction <= 1.0:
+            raise ValueError(f"`target_fraction` must be in (0, 1], got {target_fraction}")
+        self.num_classes = int(num_classes)
+        self.include_background = bool(include_background)
+        self.ignore_index = ignore_index
+        self.loss_name = loss
+        self.dice_threshold = float(dice_threshold)
+        self.target_fraction = float(target_fraction)
+
+    # --- validation ---------------------------------------------------------------------------------
+    def validate_logits(self, logits: Tensor) -> None:
+        if logits.ndim not in (4, 5) or logits.shape[1] != self.num_classes:
+            raise ValueError(
+                f"model output must be (N, {self.num_classes}, *spatial) logits with 2 or 3 spatial dims "
+                f"for Segmentation(num_classes={self.num_classes}), got shape {tuple(logits.shape)}"
+            )
+        _check_finite("model output", logits)
+
+    def validate_labels(self, logits: Tensor, y: Tensor, name: str = "y") -> None:
+        if y.is_floating_point() or y.dtype == torch.bool:
+            raise TypeError(f"`{name}` must be an integer label map for Segmentation, got dtype {y.dtype}")
+        expected = (logits.shape[0], *logits.shape[2:])
+        if tuple(y.shape) != expected:
+            raise ValueError(f"`{name}` must have shape {expected} (N, *spatial), got {tuple(y.shape)}")
+        valid = y if self.ignore_index is None else y[y != self.ignore_index]
+        if valid.numel() and (int(valid.min()) < 0 or int(valid.max()) >= self.num_classes):
+            raise ValueError(
+                f"`{name}` has labels out of range [0, {self.num_classes - 1}]"
+                + ("" if self.ignore_index is None else f" (ignore_index={self.ignore_index})")
+            )
+
+    def valid_mask(self, y: Tensor) -> Tensor | None:
+        return None if self.ignore_index is None else y != self.ignore_index
+
+    def _safe_labels(self, y: Tensor) -> Tensor:
+        y = y.long()
+        return y if self.ignore_index is None else y.masked_fill(y == self.ignore_index, 0)
+
+    def one_hot(self, y: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+        """``(N, C, *spatial)`` one-hot of a label map; ignored voxels are all-zero."""
+        oh = F.one_hot(self._safe_labels(y), self.num_classes).movedim(-1, 1).to(dtype)
+        mask = self.valid_mask(y)
+        return oh if mask is None else oh * mask.unsqueeze(1).to(dtype)
+
+    # --- losses -------------------------------------------------------------------------------------
+    def element_loss(self, logits: Tensor, y: Tensor) -> Tensor:
+        return F.cross_entropy(logits, self._safe_labels(y), reduction="none")
+
+    def _dice_loss(self, logits: Tensor, y: Tensor, weight: Tensor | None) -> Tensor:
+        """Soft Dice loss per sample ``(N,)`` (MONAI's DiceLoss when unweighted)."""
+        target = self.one_hot(y, logits.dtype)
+        probs = logits.softmax(dim=1)
+        mask = self.valid_mask(y)
+        if mask is not None:
+            probs = probs * mask.unsqueeze(1).to(probs.dtype)
+        if weight is None:
+            from monai.losses import DiceLoss
+
+            per = DiceLoss(include_background=self.include_background, reduction="none")(probs, target)
+            return per.reshape(per.shape[0], -1).mean(dim=1)
+        # Voxel-weighted soft Dice (for CosPGD/SegPGD weightings): weights enter both sums, which
+        # reduces exactly to MONAI's formula (smooth_nr = smooth_dr = 1e-5) when all weights are 1.
+        w = weight.unsqueeze(1).to(probs.dtype)
+        dims = tuple(range(2, probs.ndim))
+        inter = (w * probs * target).sum(dims)
+        denom = (w * probs).sum(dims) + (w * target).sum(dims)
+        dice = 1.0 - (2.0 * inter + 1e-5) / (denom + 1e-5)
+        if not self.include_background:
+            dice = dice[:, 1:]
+        return dice.mean(dim=1)
+
+    def loss(self, logits: Tensor, y: Tensor, weight: Tensor | None = None) -> Tensor:
+        if self.loss_name == "ce":
+            return super().loss(logits, y, weight)
+        dice = self._dice_loss(logits, y, weight)
+        if self.loss_name == "dice":
+            return dice
+        return dice + super().loss(logits, y, weight)
+
+    # --- predictions and tests ------------------------------------------------------------------------
+    def predict(self, logits: Tensor) -> Tensor:
+        return logits.argmax(dim=1)
+
+    def distributions(self, logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        p = logits.softmax(dim=1)
+        return p, self.one_hot(y, p.dtype)
+
+    def element_correct(self, logits: Tensor, y: Tensor) -> Tensor:
+        return self.predict(logits) == y
+
+    def dice(self, pred: Tensor, y: Tensor) -> Tensor:
+        """Hard Dice per sample and class ``(N, C)`` (NaN where a class is absent from both)."""
+        from monai.metrics import compute_dice
+
+        p = self.one_hot(pred)
+        mask = self.valid_mask(y)
+        if mask is not None:
+            p = p * mask.unsqueeze(1)
+        return compute_dice(p, self.one_hot(y), include_background=True, ignore_empty=False)
+
+    def mean_dice(self, pred: Tensor, y: Tensor) -> Tensor:
+        """``(N,)`` Dice averaged over the counted classes present in ``y`` or the prediction."""
+        d = self.dice(pred, y)
+        if not self.include_background:
+            d = d[:, 1:]
+        present = (self.one_hot(y).sum(dim=tuple(range(2, y.ndim + 1))) > 0) | (
+            self.one_hot(pred).sum(dim=tuple(range(2, y.ndim + 1))) > 0
+        )
+        if not self.include_background:
+            present = present[:, 1:]
+        d = torch.where(present, d, torch.zeros_like(d))
+        return d.sum(dim=1) / present.sum(dim=1).clamp_min(1)
+
+    def fooled(self, logits: Tensor, y: Tensor, targeted: bool = False) -> Tensor:
+        pred = self.predict(logits)
+        if targeted:
+            hit = (pred == y).float()
+            return self.reduce(hit, y) >= self.target_fraction
+        return self.mean_dice(pred, y) < self.dice_threshold
+
+    def metrics(self, logits: Tensor, y: Tensor) -> dict[str, Tensor]:
+        pred = self.predict(logits)
+        return {
+            "dice": self.dice(pred, y),
+            "mean_dice": self.mean_dice(pred, y),
+            "pixel_accuracy": self.reduce((pred == y).float(), y),
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"Segmentation(num_classes={self.num_classes}, include_background={self.include_background}, "
+            f"ignore_index={self.ignore_index}, loss={self.loss_name!r})"
+        )

@@ -1,0 +1,178 @@
+"""Threat models: the set an attack may search, in the data's own units.
+
+A threat model is a norm ball around the clean input plus the data bounds (HU for CT, [0, 1] for
+scaled images, z-scores for normalised MRI). Bounds are always declared by the caller: medadv never
+assumes [0, 1]. Bounds may be scalars or tensors broadcastable to the input (per-channel ranges of
+multi-modal MRI, for instance).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Union
+
+import torch
+from torch import Tensor
+
+__all__ = ["Threat", "Linf", "L2", "Bounds", "per_sample_norm"]
+
+BoundValue = Union[float, Tensor]
+Bounds = tuple[BoundValue, BoundValue]
+
+
+def per_sample_norm(t: Tensor, p: float) -> Tensor:
+    """Lp norm of each sample of a batch, ``(N,)``."""
+    flat = t.reshape(t.shape[0], -1)
+    if math.isinf(p):
+        return flat.abs().amax(dim=1) if flat.shape[1] else flat.new_zeros(flat.shape[0])
+    return flat.norm(p=p, dim=1)
+
+
+def _as_bound(v: BoundValue, name: str) -> BoundValue:
+    if isinstance(v, Tensor):
+        if not torch.isfinite(v).all():
+            raise ValueError(f"`bounds` {name} must be finite")
+        return v.detach().clone()
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise TypeError(f"`bounds` {name} must be a number or a tensor, got {type(v).__name__}") from None
+    if not math.isfinite(f):
+        raise ValueError(f"`bounds` {name} must be finite, got {v}")
+    return f
+
+
+class Threat(ABC):
+    """A norm ball of radius ``eps`` (data units) intersected with the data bounds.
+
+    Args:
+        eps: radius of the ball in the data's units; ``>= 0``.
+        bounds: ``(lo, hi)`` valid data range (scalars or tensors broadcastable to the input), or
+            ``None`` for unbounded data. Required: there is no default range.
+    """
+
+    p: float = math.inf
+
+    def __init__(self, eps: float, *, bounds: Bounds | None) -> None:
+        try:
+            eps = float(eps)
+        except (TypeError, ValueError):
+            raise TypeError(f"`eps` must be a number, got {type(eps).__name__}") from None
+        if not math.isfinite(eps) or eps < 0:
+            raise ValueError(f"`eps` must be a finite number >= 0, got {eps}")
+        self.eps = eps
+        if bounds is None:
+            self.bounds: Bounds | None = None
+        else:
+            if not isinstance(bounds, Sequence) or len(bounds) != 2:
+                raise TypeError(f"`bounds` must be a (lo, hi) pair or None, got {bounds!r}")
+            lo, hi = _as_bound(bounds[0], "lo"), _as_bound(bounds[1], "hi")
+            if not bool(torch.all(torch.as_tensor(lo) < torch.as_tensor(hi))):
+                raise ValueError(f"`bounds` must satisfy lo < hi, got {bounds!r}")
+            self.bounds = (lo, hi)
+
+    # --- bounds ------------------------------------------------------------------------------------------
+    def _bound(self, i: int, like: Tensor) -> BoundValue:
+        b = self.bounds[i]  # type: ignore[index]
+        return b.to(device=like.device, dtype=like.dtype) if isinstance(b, Tensor) else b
+
+    def clip(self, x: Tensor) -> Tensor:
+        """Clip to the data bounds (identity when unbounded)."""
+        if self.bounds is None:
+            return x
+        lo, hi = self._bound(0, x), self._bound(1, x)
+        if isinstance(lo, Tensor) or isinstance(hi, Tensor):
+            return torch.clamp(x, torch.as_tensor(lo, device=x.device, dtype=x.dtype),
+                               torch.as_tensor(hi, device=x.device, dtype=x.dtype))
+        return x.clamp(lo, hi)
+
+    def check_inside(self, x: Tensor, name: str = "x") -> None:
+        """Raise ``ValueError`` if ``x`` lies outside the declared bounds."""
+        if self.bounds is None:
+            return
+        lo, hi = self._bound(0, x), self._bound(1, x)
+        if bool((x < lo).any()) or bool((x > hi).any()):
+            raise ValueError(
+                f"`{name}` has values in [{float(x.min()):.6g}, {float(x.max()):.6g}], outside the declared "
+                f"bounds {self.describe_bounds()}; rescale the data or declare the right bounds"
+            )
+
+    def describe_bounds(self) -> str:
+        if self.bounds is None:
+            return "None"
+        parts = [f"{b:.6g}" if not isinstance(b, Tensor) else f"tensor{tuple(b.shape)}" for b in self.bounds]
+        return f"({parts[0]}, {parts[1]})"
+
+    # --- geometry ------------------------------------------------------------------------------------------
+    def norm(self, delta: Tensor) -> Tensor:
+        """Per-sample norm of a perturbation in this threat's geometry, ``(N,)``."""
+        return per_sample_norm(delta, self.p)
+
+    @abstractmethod
+    def project(self, delta: Tensor, eps: Tensor | float | None = None) -> Tensor:
+        """Project a perturbation onto the ball (``eps`` overrides the radius, per sample allowed)."""
+
+    @abstractmethod
+    def ascent_direction(self, grad: Tensor) -> Tensor:
+        """Steepest-ascent direction of unit norm (per sample) for a gradient."""
+
+    @abstractmethod
+    def random_delta(self, x: Tensor, generator: torch.Generator | None) -> Tensor:
+        """A random start inside the ball (uniform in the L∞ box; uniform radius for L2)."""
+
+    def finalize(self, x: Tensor, x_adv: Tensor) -> Tensor:
+        """Project ``x_adv`` onto the ball around ``x`` and clip to the bounds."""
+        return self.clip(x + self.project(x_adv - x))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(eps={self.eps:.6g}, bounds={self.describe_bounds()})"
+
+
+def _expand(v: Tensor | float, like: Tensor) -> Tensor | float:
+    """Reshape a per-sample value ``(N,)`` to broadcast over a batch tensor."""
+    if isinstance(v, Tensor) and v.ndim == 1:
+        return v.reshape(-1, *([1] * (like.ndim - 1)))
+    return v
+
+
+class Linf(Threat):
+    """L∞ ball: every element moves by at most ``eps`` (data units)."""
+
+    p = math.inf
+
+    def project(self, delta: Tensor, eps: Tensor | float | None = None) -> Tensor:
+        e = _expand(self.eps if eps is None else eps, delta)
+        if isinstance(e, Tensor):
+            return torch.clamp(delta, -e, e)
+        return delta.clamp(-e, e)
+
+    def ascent_direction(self, grad: Tensor) -> Tensor:
+        return grad.sign()
+
+    def random_delta(self, x: Tensor, generator: torch.Generator | None) -> Tensor:
+        u = torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+        return (2 * u - 1) * self.eps
+
+
+class L2(Threat):
+    """L2 ball: the whole perturbation of one sample has Euclidean norm at most ``eps`` (data units)."""
+
+    p = 2.0
+
+    def project(self, delta: Tensor, eps: Tensor | float | None = None) -> Tensor:
+        e = self.eps if eps is None else eps
+        n = per_sample_norm(delta, 2.0)
+        factor = torch.clamp(torch.as_tensor(e, device=delta.device, dtype=delta.dtype) / n.clamp_min(1e-12), max=1.0)
+        return delta * _expand(factor, delta)
+
+    def ascent_direction(self, grad: Tensor) -> Tensor:
+        n = per_sample_norm(grad, 2.0).clamp_min(1e-12)
+        return grad / _expand(n, grad)
+
+    def random_delta(self, x: Tensor, generator: torch.Generator | None) -> Tensor:
+        d = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+        d = d / _expand(per_sample_norm(d, 2.0).clamp_min(1e-12), d)
+        r = torch.rand(x.shape[0], generator=generator, device=x.device, dtype=x.dtype)
+        return d * _expand(r * self.eps, d)

@@ -1,0 +1,52 @@
+"""Shared fixtures: small models trained once per session on synthetic data (seconds on 2 CPU cores)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from medadv.data.synthetic import multiclass_blobs, multilabel_blobs, segmentation_blobs
+from medadv.models import fit_supervised, small_cnn, small_unet
+from medadv.tasks import MultiClass, MultiLabel, Segmentation
+
+torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+
+class Trained:
+    """A trained model with its task and held-out data."""
+
+    def __init__(self, model, task, x, y):
+        self.model, self.task, self.x, self.y = model, task, x, y
+
+
+def _train(model, task, data_fn, n_train, n_test, epochs, lr, **kw):
+    torch.manual_seed(0)
+    x, y = data_fn(n=n_train + n_test, seed=0, **kw)
+    fit_supervised(model, task, x[:n_train], y[:n_train], epochs=epochs, lr=lr, batch_size=16)
+    return Trained(model.eval(), task, x[n_train:], y[n_train:])
+
+
+@pytest.fixture(scope="session")
+def trained_multiclass():
+    """4-class 2-D CNN on 16x16 blob images (MultiClass)."""
+    return _train(small_cnn(1, 4, width=8), MultiClass(), multiclass_blobs, 256, 32, 15, 1e-2, num_classes=4)
+
+
+@pytest.fixture(scope="session")
+def trained_multilabel():
+    """4-label 2-D CNN on 16x16 blob images (MultiLabel, threshold 0.5)."""
+    return _train(small_cnn(1, 4, width=8), MultiLabel(), multilabel_blobs, 256, 32, 15, 1e-2, num_labels=4)
+
+
+@pytest.fixture(scope="session")
+def trained_seg3d():
+    """MONAI UNet, 3 classes, 1 channel, 16^3 volumes (Segmentation, 3-D)."""
+    return _train(small_unet(1, 3, ndim=3, channels=(8, 16)), Segmentation(3), segmentation_blobs,
+                  24, 4, 15, 1e-2, num_classes=3, size=16, ndim=3)
+
+
+@pytest.fixture(scope="session")
+def trained_seg2d():
+    """MONAI UNet, 3 classes, 2 channels, 32x32 images (Segmentation, 2-D)."""
+    return _train(small_unet(2, 3, ndim=2, channels=(8, 16)), Segmentation(3), segmentation_blobs,
+                  48, 8, 15, 1e-2, num_classes=3, size=32, ndim=2, channels=2)
