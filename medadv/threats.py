@@ -11,14 +11,13 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Union
 
 import torch
 from torch import Tensor
 
 __all__ = ["Threat", "Linf", "L2", "Bounds", "per_sample_norm"]
 
-BoundValue = Union[float, Tensor]
+BoundValue = float | Tensor
 Bounds = tuple[BoundValue, BoundValue]
 
 
