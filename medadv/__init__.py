@@ -1,1 +1,34 @@
-"""medadv: adversarial robustness for medical imaging models."""
+"""medadv: adversarial robustness for medical imaging models.
+
+Tasks say what a model output means, threat models say where an attack may search (in the data's
+own units), attacks are ``attack(model, x, y) -> AttackResult``, and ``evaluate`` tabulates clean vs
+adversarial metrics. Toolkit bridges live in ``medadv.adapters`` (ART, Foolbox, torchattacks,
+RobustBench).
+"""
+
+from .attacks import (
+    BIM,
+    FGSM,
+    PGD,
+    Attack,
+    AttackResult,
+    CosPGD,
+    GradientAttack,
+    SegPGD,
+    available_attacks,
+    get_attack,
+)
+from .evaluation import evaluate
+from .results import Results
+from .tasks import MultiClass, MultiLabel, Segmentation, Task
+from .threats import L2, Linf, Threat
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Task", "MultiClass", "MultiLabel", "Segmentation",
+    "Threat", "Linf", "L2",
+    "Attack", "AttackResult", "GradientAttack", "FGSM", "BIM", "PGD", "CosPGD", "SegPGD",
+    "available_attacks", "get_attack",
+    "evaluate", "Results",
+]

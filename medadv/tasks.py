@@ -20,6 +20,7 @@ Segmentation   ``(N, C, *spatial)``  ``(N, *spatial)`` int  ``(N, *spatial)``
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -217,6 +218,54 @@ class MultiLabel(Task):
     def to_target(self, y: Tensor, logits: Tensor) -> Tensor:
         return y.to(logits.dtype)
 
+    def make_target(
+        self,
+        reference: Tensor,
+        present: Sequence[int | str] = (),
+        absent: Sequence[int | str] = (),
+        label_names: Sequence[str] | None = None,
+    ) -> Tensor:
+        """Target vectors for a targeted attack: some labels forced on or off, the rest kept.
+
+        ``task.make_target(task.predict(model(x)), present=["Hernia", "Mass"], label_names=NAMES)``
+        asks the attack to make Hernia and Mass present while every other label keeps its clean
+        prediction.
+
+        Args:
+            reference: ``(N, L)`` 0/1 labels to start from (usually the clean prediction).
+            present: labels (indices, or names when ``label_names`` is given) set to 1.
+            absent: labels set to 0.
+            label_names: the L label names, to allow names in ``present``/``absent``.
+
+        Returns:
+            a new float ``(N, L)`` tensor; ``reference`` is not modified.
+        """
+        if not isinstance(reference, Tensor) or reference.ndim != 2:
+            got = tuple(reference.shape) if isinstance(reference, Tensor) else type(reference).__name__
+            raise ValueError(f"`reference` must be an (N, L) tensor of 0/1 labels, got {got}")
+        num = reference.shape[1]
+        if label_names is not None and len(label_names) != num:
+            raise ValueError(f"`label_names` has {len(label_names)} names for {num} labels")
+
+        def index(v: int | str, arg: str) -> int:
+            if isinstance(v, str):
+                if label_names is None or v not in label_names:
+                    raise ValueError(f"`{arg}` names unknown label {v!r} (pass `label_names` to use names)")
+                return list(label_names).index(v)
+            if not 0 <= int(v) < num:
+                raise ValueError(f"`{arg}` has label index {v} out of range [0, {num - 1}]")
+            return int(v)
+
+        on = [index(v, "present") for v in present]
+        off = [index(v, "absent") for v in absent]
+        if set(on) & set(off):
+            raise ValueError(f"labels {sorted(set(on) & set(off))} are both `present` and `absent`")
+        target = reference.detach().to(torch.float32 if not reference.is_floating_point() else reference.dtype)
+        target = target.clone()
+        target[:, on] = 1.0
+        target[:, off] = 0.0
+        return target
+
     def __repr__(self) -> str:
         return f"MultiLabel(threshold={self.threshold})"
 
@@ -341,14 +390,21 @@ class Segmentation(Task):
         return self.predict(logits) == y
 
     def dice(self, pred: Tensor, y: Tensor) -> Tensor:
-        """Hard Dice per sample and class ``(N, C)`` (NaN where a class is absent from both)."""
-        from monai.metrics import compute_dice
+        """Hard Dice per sample and class ``(N, C)``; 1 where a class is absent from both.
 
+        Same values as MONAI's ``compute_dice(..., include_background=True, ignore_empty=False)``, but
+        vectorised: MONAI loops over samples and classes in Python with a host sync per pair, and this
+        runs inside attack loops (restart scoring, active set).
+        """
         p = self.one_hot(pred)
         mask = self.valid_mask(y)
         if mask is not None:
-            p = p * mask.unsqueeze(1)
-        return compute_dice(p, self.one_hot(y), include_background=True, ignore_empty=False)
+            p = p * mask.unsqueeze(1).to(p.dtype)
+        t = self.one_hot(y)
+        dims = tuple(range(2, t.ndim))
+        inter = (p * t).sum(dims)
+        total = p.sum(dims) + t.sum(dims)
+        return torch.where(total > 0, 2.0 * inter / total.clamp_min(1.0), torch.ones_like(total))
 
     def mean_dice(self, pred: Tensor, y: Tensor) -> Tensor:
         """``(N,)`` Dice averaged over the counted classes present in ``y`` or the prediction."""
@@ -362,6 +418,47 @@ class Segmentation(Task):
             present = present[:, 1:]
         d = torch.where(present, d, torch.zeros_like(d))
         return d.sum(dim=1) / present.sum(dim=1).clamp_min(1)
+
+    def make_target(self, reference: Tensor, replace: Mapping[int, int] | None = None,
+                    mask: Tensor | None = None, fill: int | None = None) -> Tensor:
+        """Target label map for a targeted attack, derived from a reference map.
+
+        ``task.make_target(pred, replace={1: 0})`` asks the attack to erase organ 1 (relabel it as
+        background); ``task.make_target(pred, mask=lesion, fill=2)`` asks it to paint class 2 into
+        the region ``mask``. Voxels not touched keep the reference label.
+
+        Args:
+            reference: ``(N, *spatial)`` integer label map (usually the clean prediction).
+            replace: ``{source_class: target_class}`` relabelling applied to the reference.
+            mask: boolean ``(N, *spatial)`` (or broadcastable) region set to ``fill``.
+            fill: the class written into ``mask``.
+
+        Returns:
+            a new int64 label map; ``reference`` is not modified.
+        """
+        if not isinstance(reference, Tensor) or reference.is_floating_point() or reference.ndim not in (3, 4):
+            raise ValueError("`reference` must be an integer (N, *spatial) label map with 2 or 3 spatial dims")
+        if (mask is None) != (fill is None):
+            raise ValueError("`mask` and `fill` must be given together")
+        checks = [(v, "replace") for pair in (replace or {}).items() for v in pair]
+        for v, arg in checks + ([] if fill is None else [(fill, "fill")]):
+            if not 0 <= int(v) < self.num_classes:
+                raise ValueError(f"`{arg}` has class {v} out of range [0, {self.num_classes - 1}]")
+        ref = reference.detach().long()
+        target = ref.clone()
+        for src, dst in (replace or {}).items():
+            target[ref == int(src)] = int(dst)  # relabel from the reference so swaps (1->2, 2->1) work
+        if mask is not None:
+            if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+                raise TypeError("`mask` must be a boolean tensor")
+            try:
+                mask = mask.to(target.device).expand_as(target)
+            except RuntimeError:
+                raise ValueError(
+                    f"`mask` of shape {tuple(mask.shape)} does not broadcast to `reference` {tuple(ref.shape)}"
+                ) from None
+            target = target.masked_fill(mask, int(fill))
+        return target
 
     def fooled(self, logits: Tensor, y: Tensor, targeted: bool = False) -> Tensor:
         pred = self.predict(logits)

@@ -43,6 +43,13 @@ def _as_bound(v: BoundValue, name: str) -> BoundValue:
     return f
 
 
+def _broadcasts_to(shape: torch.Size, target: torch.Size) -> bool:
+    try:
+        return torch.broadcast_shapes(shape, target) == target
+    except RuntimeError:
+        return False
+
+
 class Threat(ABC):
     """A norm ball of radius ``eps`` (data units) intersected with the data bounds.
 
@@ -88,10 +95,17 @@ class Threat(ABC):
         return x.clamp(lo, hi)
 
     def check_inside(self, x: Tensor, name: str = "x") -> None:
-        """Raise ``ValueError`` if ``x`` lies outside the declared bounds."""
+        """Raise ``ValueError`` if ``x`` lies outside the declared bounds (or they do not fit its shape)."""
         if self.bounds is None:
             return
         lo, hi = self._bound(0, x), self._bound(1, x)
+        for b in (lo, hi):
+            # a bound that broadcasts to a *larger* shape would silently reshape every clipped batch
+            if isinstance(b, Tensor) and not _broadcasts_to(b.shape, x.shape):
+                raise ValueError(
+                    f"`bounds` tensors of shape {tuple(b.shape)} do not broadcast to `{name}` of shape "
+                    f"{tuple(x.shape)}; per-channel bounds need shape (C, 1, 1) for 2-D, (C, 1, 1, 1) for 3-D"
+                )
         if bool((x < lo).any()) or bool((x > hi).any()):
             raise ValueError(
                 f"`{name}` has values in [{float(x.min()):.6g}, {float(x.max()):.6g}], outside the declared "

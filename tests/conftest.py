@@ -19,10 +19,10 @@ class Trained:
         self.model, self.task, self.x, self.y = model, task, x, y
 
 
-def _train(model, task, data_fn, n_train, n_test, epochs, lr, **kw):
+def _train(model, task, data_fn, n_train, n_test, epochs, lr, batch_size=16, **kw):
     torch.manual_seed(0)
     x, y = data_fn(n=n_train + n_test, seed=0, **kw)
-    fit_supervised(model, task, x[:n_train], y[:n_train], epochs=epochs, lr=lr, batch_size=16)
+    fit_supervised(model, task, x[:n_train], y[:n_train], epochs=epochs, lr=lr, batch_size=batch_size)
     return Trained(model.eval(), task, x[n_train:], y[n_train:])
 
 
@@ -42,7 +42,7 @@ def trained_multilabel():
 def trained_seg3d():
     """MONAI UNet, 3 classes, 1 channel, 16^3 volumes (Segmentation, 3-D)."""
     return _train(small_unet(1, 3, ndim=3, channels=(8, 16)), Segmentation(3), segmentation_blobs,
-                  24, 4, 15, 1e-2, num_classes=3, size=16, ndim=3)
+                  32, 4, 40, 2e-2, batch_size=8, num_classes=3, size=16, ndim=3)
 
 
 @pytest.fixture(scope="session")

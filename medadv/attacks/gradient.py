@@ -138,6 +138,8 @@ class GradientAttack(Attack):
                 out[idx] = cur
                 idx, xs, ys, cur, g = idx[keep], xs[keep], ys[keep], cur[keep], g[keep]
                 if idx.numel() == 0:
+                    if trace is not None:  # keep the documented (T, N) shape: steps not run are NaN
+                        trace.extend(trace[-1].new_full((x.shape[0],), float("nan")) for _ in range(t + 1, self.steps))
                     return out
             cur = threat.finalize(xs, cur + alpha * threat.ascent_direction(g))
         out[idx] = cur

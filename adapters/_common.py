@@ -1,0 +1,73 @@
+"""Helpers shared by the toolkit adapters (label conversion, argument checks)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from medadv.tasks import MultiClass, MultiLabel, Segmentation, Task
+
+__all__ = ["check_model", "check_task", "classifier_target", "segmentation_target", "as_tensor"]
+
+
+def check_model(model: Any) -> nn.Module:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}")
+    return model
+
+
+def check_task(task: Any, allowed: tuple[type, ...], hint: str = "") -> Task:
+    if not isinstance(task, allowed):
+        names = ", ".join(t.__name__ for t in allowed)
+        raise TypeError(f"`task` must be one of {names}, got {task!r}" + (f"; {hint}" if hint else ""))
+    return task
+
+
+def as_tensor(v: Any, device: torch.device, name: str) -> Tensor:
+    """A numpy array or tensor as a tensor on ``device`` (no copy when already there)."""
+    if isinstance(v, Tensor):
+        return v.to(device)
+    if isinstance(v, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(v)).to(device)
+    raise TypeError(f"`{name}` must be a numpy array or a torch.Tensor, got {type(v).__name__}")
+
+
+def classifier_target(task: Task, y: Tensor, logits: Tensor) -> Tensor:
+    """Labels as the task's loss expects them, from what a toolkit passes around.
+
+    Multi-label: toolkits hand over multi-hot vectors, sometimes rescaled (ART's FGM divides by the row
+    sum), so any positive entry counts as present. Multi-class: one-hot or probability rows become indices.
+    """
+    if isinstance(task, MultiLabel):
+        if tuple(y.shape) != tuple(logits.shape):
+            raise ValueError(f"`y` must be multi-hot with shape {tuple(logits.shape)}, got {tuple(y.shape)}")
+        return (y > 0).to(logits.dtype)
+    if isinstance(task, MultiClass):
+        if y.ndim == 2:
+            return y.argmax(dim=1)
+        return y.long()
+    raise TypeError(f"expected a MultiClass or MultiLabel task, got {task!r}")
+
+
+def segmentation_target(task: Segmentation, y: Tensor, logits: Tensor) -> Tensor:
+    """A label map ``(N, *spatial)`` from either a label map or a per-class score map ``(N, C, *spatial)``.
+
+    Toolkits that attack with ``y=None`` pass the model's own output as the label (ART does), so a score
+    map is reduced to its arg-max; integer-valued float maps (numpy round trips) become integers.
+    """
+    spatial = (logits.shape[0], *logits.shape[2:])
+    if tuple(y.shape) == tuple(logits.shape) and y.ndim == logits.ndim:
+        return y.argmax(dim=1)
+    if tuple(y.shape) != spatial:
+        raise ValueError(
+            f"`y` must be a label map of shape {spatial} or a score map of shape {tuple(logits.shape)}, "
+            f"got {tuple(y.shape)}"
+        )
+    if y.is_floating_point():
+        if not bool((y == y.round()).all()):
+            raise ValueError("`y` label map must hold integer class values")
+        y = y.round()
+    return y.long()

@@ -1,0 +1,201 @@
+"""Run models x attacks x budgets over data and collect a tidy :class:`~medadv.results.Results` table."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .attacks.base import Attack, check_input, model_device
+from .results import Results
+from .tasks import MultiClass, MultiLabel, Segmentation, Task
+
+__all__ = ["evaluate", "sample_rows"]
+
+TargetFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+def _named_attacks(attacks: Attack | Sequence[Attack] | Mapping[str, Attack]) -> list[tuple[str, Attack]]:
+    if isinstance(attacks, Attack):
+        items = [(attacks.name, attacks)]
+    elif isinstance(attacks, Mapping):
+        items = [(str(k), v) for k, v in attacks.items()]
+    elif isinstance(attacks, Sequence) and not isinstance(attacks, str):
+        items = [(a.name, a) for a in attacks]
+    else:
+        raise TypeError(f"`attacks` must be an Attack, a sequence of Attacks or a name->Attack mapping, got {type(attacks).__name__}")
+    seen = set()
+    for name, atk in items:
+        if not isinstance(atk, Attack):
+            raise TypeError(f"`attacks` entry {name!r} is not a medadv Attack: {atk!r}")
+        key = (name, atk.budget)
+        if key in seen:
+            raise ValueError(f"`attacks` has two entries named {name!r} with budget {atk.budget}; give them distinct names")
+        seen.add(key)
+    return items
+
+
+def _batches(data: Any) -> Iterable[tuple[Tensor, Tensor]]:
+    if isinstance(data, tuple | list) and len(data) == 2 and isinstance(data[0], Tensor):
+        yield data[0], data[1]
+        return
+    for item in data:
+        if not (isinstance(item, tuple | list) and len(item) >= 2):
+            raise TypeError("`data` must be an (x, y) tensor pair or an iterable of (x, y) batches")
+        yield item[0], item[1]
+
+
+def _f(t: Tensor) -> list:
+    return [None if v != v else v for v in t.detach().double().cpu().tolist()]  # NaN -> None (JSON)
+
+
+def sample_rows(
+    task: Task,
+    y: Tensor,
+    clean_logits: Tensor,
+    adv_logits: Tensor,
+    *,
+    spacing: float | Sequence[float] | None = None,
+    hd95: bool = False,
+) -> list[dict[str, Any]]:
+    """Per-sample metric columns (clean and adversarial) for one batch."""
+    n = y.shape[0]
+    cp, ap = task.predict(clean_logits), task.predict(adv_logits)
+    rows: list[dict[str, Any]] = [{} for _ in range(n)]
+    if isinstance(task, MultiClass):
+        for i in range(n):
+            rows[i].update(label=int(y[i]), clean_pred=int(cp[i]), adv_pred=int(ap[i]),
+                           clean_correct=bool(cp[i] == y[i]), adv_correct=bool(ap[i] == y[i]),
+                           changed=bool(cp[i] != ap[i]))
+    elif isinstance(task, MultiLabel):
+        cs, as_ = clean_logits.sigmoid(), adv_logits.sigmoid()
+        flips = (cp != ap).float().mean(dim=1)
+        cacc = (cp == y).float().mean(dim=1)
+        aacc = (ap == y).float().mean(dim=1)
+        for i in range(n):
+            rows[i].update(label=_f(y[i]), clean_pred=_f(cp[i]), adv_pred=_f(ap[i]),
+                           clean_scores=_f(cs[i]), adv_scores=_f(as_[i]),
+                           clean_label_accuracy=float(cacc[i]), adv_label_accuracy=float(aacc[i]),
+                           clean_exact_match=bool(cacc[i] == 1), adv_exact_match=bool(aacc[i] == 1),
+                           flip_rate=float(flips[i]), changed=bool(flips[i] > 0))
+    elif isinstance(task, Segmentation):
+        cm, am = task.metrics(clean_logits, y), task.metrics(adv_logits, y)
+        changed = task.reduce((cp != ap).float(), y)
+        if hd95:
+            from .metrics.segmentation import hd95_per_class
+
+            chd = hd95_per_class(cp, y, task.num_classes, spacing)
+            ahd = hd95_per_class(ap, y, task.num_classes, spacing)
+        for i in range(n):
+            rows[i].update(clean_dice=_f(cm["dice"][i]), adv_dice=_f(am["dice"][i]),
+                           clean_mean_dice=float(cm["mean_dice"][i]), adv_mean_dice=float(am["mean_dice"][i]),
+                           clean_pixel_accuracy=float(cm["pixel_accuracy"][i]),
+                           adv_pixel_accuracy=float(am["pixel_accuracy"][i]),
+                           changed_fraction=float(changed[i]))
+            if hd95:
+                rows[i].update(clean_hd95=_f(chd[i]), adv_hd95=_f(ahd[i]))
+    else:  # a user-defined task: report its own metrics
+        cm, am = task.metrics(clean_logits, y), task.metrics(adv_logits, y)
+        for i in range(n):
+            for k in cm:
+                rows[i][f"clean_{k}"] = _f(cm[k][i].reshape(-1)) if cm[k][i].numel() > 1 else float(cm[k][i])
+                rows[i][f"adv_{k}"] = _f(am[k][i].reshape(-1)) if am[k][i].numel() > 1 else float(am[k][i])
+    return rows
+
+
+def evaluate(
+    model: nn.Module,
+    task: Task,
+    data: Any,
+    attacks: Attack | Sequence[Attack] | Mapping[str, Attack],
+    *,
+    log: str | os.PathLike | None = None,
+    target_fn: TargetFn | None = None,
+    hd95: bool = False,
+    spacing: float | Sequence[float] | None = None,
+    progress: bool = False,
+    meta: dict[str, Any] | None = None,
+) -> Results:
+    """Attack every batch of ``data`` with every attack and tabulate clean vs adversarial metrics.
+
+    Args:
+        model: the model under test (its mode and parameters are left as they were).
+        task: how to read its output.
+        data: an ``(x, y)`` tensor pair or an iterable of ``(x, y)`` batches (e.g. a DataLoader).
+            Samples are numbered in iteration order, so a resumed run must see the same order.
+        attacks: one attack, a list (named by ``attack.name``) or a ``{name: attack}`` mapping; the
+            budget column is each attack's ``budget`` (its ε in data units, None for non-Lp attacks).
+        log: JSON Lines file to which rows are appended batch by batch. Rows already in it are kept
+            and their (sample, attack, budget) is not recomputed: a crashed run resumes where it stopped.
+        target_fn: for targeted attacks, ``target_fn(x, y, clean_logits) -> target``; required when
+            any attack is targeted.
+        hd95: also compute per-class HD95 for segmentation (slower, SciPy distance transforms).
+        spacing: voxel spacing for HD95 (mm), scalar or per axis.
+        progress: show a progress bar.
+        meta: free-form metadata stored with the results (model name, dataset, ...).
+
+    Returns:
+        :class:`Results` with one row per (sample, attack, budget).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(task, Task):
+        raise TypeError(f"`task` must be a medadv Task, got {task!r}")
+    named = _named_attacks(attacks)
+    if any(a.targeted for _, a in named) and target_fn is None:
+        raise ValueError("`target_fn` is required because at least one attack is targeted")
+    done = Results.read_log(log).rows if log is not None else []
+    done_keys = {(r["sample"], r["attack"], r["budget"]) for r in done}
+    results = Results(done, meta={"task": repr(task), **(meta or {})})
+    device = model_device(model)
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(desc="evaluate", unit="attack-batch")
+    offset = 0
+    was_training = model.training
+    try:
+        for x, y in _batches(data):
+            check_input(x)
+            ids = list(range(offset, offset + x.shape[0]))
+            offset += x.shape[0]
+            todo = [(n, a) for n, a in named if any((i, n, a.budget) not in done_keys for i in ids)]
+            if not todo:
+                continue
+            x_d, y_d = x.to(device), y.to(device)
+            model.eval()
+            with torch.no_grad():
+                clean_logits = model(x_d)
+            model.train(was_training)
+            task.validate(clean_logits, y_d, "y")
+            for name, atk in todo:
+                target = target_fn(x_d, y_d, clean_logits) if atk.targeted else y_d
+                res = atk(model, x_d, target)
+                rows = sample_rows(task, y_d, clean_logits, res.logits, spacing=spacing, hd95=hd95)
+                new = []
+                for i, row in enumerate(rows):
+                    key = (ids[i], name, atk.budget)
+                    if key in done_keys:
+                        continue
+                    new.append({"sample": ids[i], "attack": name, "budget": atk.budget,
+                                "fooled": bool(res.fooled[i]), "linf": float(res.linf[i]),
+                                "l2": float(res.l2[i]), **row})
+                    done_keys.add(key)
+                results.extend(new)
+                if log is not None:
+                    Results.append_log(log, new)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(attack=name, fooled=f"{res.fooling_rate:.2f}")
+    finally:
+        model.train(was_training)
+        if bar is not None:
+            bar.close()
+    order = {name: i for i, (name, _) in enumerate(named)}
+    results.rows.sort(key=lambda r: (order.get(r["attack"], len(order)), str(r["attack"]), r["sample"]))
+    return results

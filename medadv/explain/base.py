@@ -1,0 +1,151 @@
+"""The explanation interface: a differentiable saliency map of one output class per sample.
+
+An :class:`Explanation` maps ``(model, x, target)`` to a raw attribution (same shape as ``x``, or a
+layer map for Grad-CAM) and, through :meth:`Explanation.__call__`, to a saliency map ``(N, *spatial)``
+post-processed as in Zhang et al. (2023) and Dombrowski et al. (2019): absolute value, summed over
+input channels, L1-normalised so that each sample's map sums to 1.
+
+Targets name the output whose map is wanted: the class (multi-class), the label (multi-label) or the
+segmentation class. Segmentation outputs ``(N, C, *spatial)`` are reduced to one score per class, the
+spatial mean of that class's logits, so the map of class ``c`` explains "how much of the volume looks
+like ``c``".
+
+``create_graph=True`` keeps the autograd graph of the map, so a loss on the map can be back-propagated
+to the input (double backpropagation). Attacks need it; evaluation does not.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["Explanation", "ClassScores", "normalize_map", "class_maps", "as_target"]
+
+TargetLike = int | Sequence[int] | Tensor
+
+
+class ClassScores(nn.Module):
+    """Wraps a model so that it returns one score per class ``(N, C)``.
+
+    Classifier logits pass through unchanged; segmentation logits ``(N, C, *spatial)`` are averaged
+    over the spatial dims. Layers of the wrapped model stay reachable (Grad-CAM hooks them).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.model(x)
+        if not isinstance(out, Tensor):
+            raise TypeError(f"the model must return a tensor of logits, got {type(out).__name__}")
+        return out if out.ndim == 2 else out.flatten(2).mean(dim=2)
+
+
+def normalize_map(attr: Tensor, channel_dim: bool = True) -> Tensor:
+    """abs → sum over channels (dim 1, if ``channel_dim``) → divide by the per-sample sum.
+
+    All-zero maps stay all-zero (no division by zero).
+    """
+    m = attr.abs()
+    if channel_dim:
+        m = m.sum(dim=1)
+    total = m.flatten(1).sum(dim=1).reshape(-1, *([1] * (m.ndim - 1)))
+    return m / total.clamp_min(torch.finfo(m.dtype).tiny)
+
+
+def as_target(target: TargetLike, n: int, device: torch.device, num_classes: int | None = None) -> Tensor:
+    """Validate ``target`` (int or ``(N,)`` ints) and return it as an ``(N,)`` int64 tensor on ``device``."""
+    if isinstance(target, bool):
+        raise TypeError("`target` must be an int or a sequence/tensor of ints, got bool")
+    if isinstance(target, int):
+        t = torch.full((n,), target, dtype=torch.long, device=device)
+    elif isinstance(target, Tensor):
+        if target.is_floating_point() or target.dtype == torch.bool:
+            raise TypeError(f"`target` must hold integer class indices, got dtype {target.dtype}")
+        t = target.reshape(-1).to(device=device, dtype=torch.long) if target.ndim <= 1 else target
+        if t.ndim != 1 or (t.numel() not in (1, n)):
+            raise ValueError(f"`target` must be an int or have shape ({n},), got {tuple(target.shape)}")
+        t = t.expand(n) if t.numel() == 1 else t
+    elif isinstance(target, Sequence):
+        return as_target(torch.as_tensor(list(target)), n, device, num_classes)
+    else:
+        raise TypeError(f"`target` must be an int or a sequence/tensor of ints, got {type(target).__name__}")
+    if t.numel() and int(t.min()) < 0:
+        raise ValueError("`target` must be >= 0")
+    if num_classes is not None and t.numel() and int(t.max()) >= num_classes:
+        raise ValueError(f"`target` must be < {num_classes} (the model's number of outputs), got {int(t.max())}")
+    return t.clone()
+
+
+class Explanation(ABC):
+    """Base class of the differentiable saliency methods.
+
+    Subclasses implement :meth:`attribute`. Call the object to get normalised maps with validation;
+    attacks call :meth:`compute` inside their loops (no validation, no host synchronisation).
+    """
+
+    name: str = "explanation"
+    #: the raw attribution has the input's channel axis (summed away by the post-processing)
+    has_channels: bool = True
+
+    @abstractmethod
+    def attribute(self, model: nn.Module, x: Tensor, target: Tensor, *, create_graph: bool = False) -> Tensor:
+        """Raw attribution for ``target`` (``(N,)`` int64): same shape as ``x`` unless stated otherwise."""
+
+    def compute(self, model: nn.Module, x: Tensor, target: Tensor, *, create_graph: bool = False) -> Tensor:
+        """Normalised map ``(N, *spatial)`` without input checks (for attack loops)."""
+        if not x.requires_grad:
+            # a fresh leaf that shares storage: the caller's tensor keeps its requires_grad flag
+            x = x.detach().requires_grad_(True)
+        with torch.enable_grad():
+            attr = self.attribute(model, x, target, create_graph=create_graph)
+        m = normalize_map(attr, channel_dim=True)
+        return m if create_graph else m.detach()
+
+    def __call__(self, model: nn.Module, x: Tensor, target: TargetLike, *, create_graph: bool = False) -> Tensor:
+        """Saliency map ``(N, *spatial)`` of ``target`` for ``x``: non-negative, each sample sums to 1.
+
+        Args:
+            model: the network (classifier ``(N, C)`` or segmenter ``(N, C, *spatial)`` logits).
+            x: input batch ``(N, C_in, *spatial)``, floating point, finite.
+            target: class/label index per sample (int or ``(N,)`` ints).
+            create_graph: keep the graph so that the map is differentiable w.r.t. ``x``.
+        """
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}")
+        if not isinstance(x, Tensor) or not x.is_floating_point():
+            raise TypeError("`x` must be a floating-point torch.Tensor")
+        if x.ndim < 3 or x.shape[0] == 0:
+            raise ValueError(f"`x` must be a non-empty batch (N, C, *spatial), got shape {tuple(x.shape)}")
+        if not torch.isfinite(x).all():
+            raise ValueError("`x` contains NaN or Inf values")
+        with torch.no_grad():
+            num_classes = ClassScores(model)(x[:1]).shape[1]
+        t = as_target(target, x.shape[0], x.device, num_classes)
+        return self.compute(model, x, t, create_graph=create_graph)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def class_maps(
+    explanation: Explanation, model: nn.Module, x: Tensor, classes: Sequence[int] | None = None,
+    *, create_graph: bool = False,
+) -> Tensor:
+    """Maps of several classes/labels at once, ``(N, K, *spatial)``.
+
+    Per-label maps of a multi-label model, or per-class maps of a segmentation model. ``classes``
+    defaults to every output of the model.
+    """
+    with torch.no_grad():
+        num_classes = ClassScores(model)(x[:1]).shape[1]
+    classes = list(range(num_classes)) if classes is None else list(classes)
+    if not classes:
+        raise ValueError("`classes` must name at least one class")
+    return torch.stack(
+        [explanation(model, x, int(c), create_graph=create_graph) for c in classes], dim=1
+    )

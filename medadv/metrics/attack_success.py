@@ -1,0 +1,97 @@
+"""Attack success rates for segmentation (Malik et al., BMVC 2024, Eq. 1–2) and per-class Dice / HD95.
+
+The paper writes ASR as a mean of per-case absolute differences,
+
+    ASR-D = (1/|D|) Σ |DSC(F(x), y) − DSC(F(x'), y)|,   ASR-H = (1/|D|) Σ |HD95(F(x'), y) − HD95(F(x), y)|,
+
+but every number in its tables is the *signed difference of dataset means* (mean clean DSC − mean
+adversarial DSC; mean adversarial HD95 − mean clean HD95; negative values occur). medadv implements
+both: ``mode="mean_diff"`` (default, reproduces the tables) and ``mode="per_case_abs"`` (Eq. 1–2 as
+printed). Always report the raw clean and adversarial scores next to an ASR.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from ..tasks import Segmentation
+from .segmentation import dice_per_class, hd95_per_class
+
+__all__ = ["attack_success_rate", "segmentation_asr"]
+
+
+def attack_success_rate(clean: Tensor, adversarial: Tensor, *, higher_is_better: bool = True,
+                        mode: str = "mean_diff") -> Tensor:
+    """ASR from per-case scores ``(N,)`` (NaN cases are skipped), as a 0-d tensor in the scores' units.
+
+    Args:
+        clean, adversarial: per-case scores on clean and attacked inputs (e.g. Dice in %, HD95 in mm).
+        higher_is_better: True for Dice (ASR = clean − adv), False for distances like HD95 (adv − clean).
+        mode: ``"mean_diff"`` — signed difference of means (Malik et al.'s tables; default) — or
+            ``"per_case_abs"`` — mean of per-case absolute differences (their Eq. 1–2).
+    """
+    if not isinstance(clean, Tensor) or not isinstance(adversarial, Tensor):
+        raise TypeError("`clean` and `adversarial` must be tensors of per-case scores")
+    if clean.shape != adversarial.shape:
+        raise ValueError(f"`clean` and `adversarial` must have the same shape, got {tuple(clean.shape)} and "
+                         f"{tuple(adversarial.shape)}")
+    c, a = clean.double(), adversarial.double()
+    if mode == "mean_diff":
+        diff = c.nanmean() - a.nanmean()
+    elif mode == "per_case_abs":
+        ok = ~(c.isnan() | a.isnan())
+        diff = (c[ok] - a[ok]).abs().mean()
+        return diff
+    else:
+        raise ValueError(f"`mode` must be 'mean_diff' or 'per_case_abs', got {mode!r}")
+    return diff if higher_is_better else -diff
+
+
+def _hd95_filled(pred: Tensor, y: Tensor, num_classes: int, spacing: float | Sequence[float] | None) -> Tensor:
+    """HD95 ``(N, C)``; a class in the label but missing from the prediction gets the volume diagonal.
+
+    Without the fill such a case is NaN and silently drops out of the mean, which would make an attack
+    that erases an organ look harmless in ASR-H (spec 003, ambiguity 4).
+    """
+    hd = hd95_per_class(pred, y, num_classes, spacing)
+    ndim = y.ndim - 1
+    sp = [1.0] * ndim if spacing is None else (
+        [float(spacing)] * ndim if isinstance(spacing, (int, float)) else [float(s) for s in spacing])
+    diag = float(torch.tensor([(s - 1) * d for s, d in zip(y.shape[1:], sp, strict=True)]).norm())
+    classes = torch.arange(num_classes, device=y.device).reshape(1, -1, *([1] * ndim))
+    gt = (y.unsqueeze(1) == classes).flatten(2).any(dim=2)
+    pr = (pred.unsqueeze(1) == classes).flatten(2).any(dim=2)
+    hd = hd.to(gt.device)
+    return torch.where(gt & ~pr, torch.full_like(hd, diag), hd)
+
+
+def segmentation_asr(task: Segmentation, logits_clean: Tensor, logits_adv: Tensor, y: Tensor, *,
+                     spacing: float | Sequence[float] | None = None, mode: str = "mean_diff",
+                     include_background: bool | None = None, percent: bool = True) -> dict[str, Tensor]:
+    """Per-case Dice and HD95 on clean and attacked predictions, and ASR-D / ASR-H.
+
+    Per case, scores are the nanmean over the classes present in the label (background per
+    ``include_background``, default the task's setting; Malik et al. include it). Dice is in percent when ``percent`` (as in the paper).
+    Returns ``dice_clean``, ``dice_adv``, ``hd95_clean``, ``hd95_adv`` ``(N,)`` and ``asr_d``, ``asr_h``.
+    """
+    if not isinstance(task, Segmentation):
+        raise TypeError(f"`task` must be a Segmentation task, got {task!r}")
+    k = task.num_classes
+    classes = torch.arange(k, device=y.device).reshape(1, -1, *([1] * (y.ndim - 1)))
+    # Malik et al. use MONAI DiceMetric's default: classes absent from the label are skipped (NaN)
+    gt_present = (y.unsqueeze(1) == classes).flatten(2).any(dim=2)
+    inc = task.include_background if include_background is None else bool(include_background)
+    first = 0 if inc else 1
+    out: dict[str, Tensor] = {}
+    for tag, z in (("clean", logits_clean), ("adv", logits_adv)):
+        pred = task.predict(z)
+        d = dice_per_class(pred, y, k)
+        d = torch.where(gt_present, d.to(gt_present.device), torch.full_like(d, float("nan")))[:, first:].nanmean(dim=1)
+        out[f"dice_{tag}"] = d * 100 if percent else d
+        out[f"hd95_{tag}"] = _hd95_filled(pred, y, k, spacing)[:, first:].nanmean(dim=1)
+    out["asr_d"] = attack_success_rate(out["dice_clean"], out["dice_adv"], mode=mode)
+    out["asr_h"] = attack_success_rate(out["hd95_clean"], out["hd95_adv"], higher_is_better=False, mode=mode)
+    return out

@@ -1,0 +1,45 @@
+"""A Markdown report of an evaluation: settings, summary table, robustness curve."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from ..results import Results
+from .plots import headline_metric, plot_robustness_curve
+
+__all__ = ["write_report"]
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else f"{v:.4g}"
+    if isinstance(v, list):
+        return " / ".join(_cell(x) for x in v)
+    return "" if v is None else str(v)
+
+
+def write_report(results: Results, out_dir: str | os.PathLike, title: str = "medadv robustness report") -> Path:
+    """Write ``report.md`` and ``robustness.png`` into ``out_dir``; returns the report path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = results.summary()
+    lines = [f"# {title}", ""]
+    for k, v in results.meta.items():
+        lines.append(f"- **{k}**: {v}")
+    lines.append("")
+    if summary:
+        cols = [c for c in summary[0] if not c.endswith("_scores")]
+        lines.append("| " + " | ".join(cols) + " |")
+        lines.append("|" + "---|" * len(cols))
+        for r in summary:
+            lines.append("| " + " | ".join(_cell(r.get(c)) for c in cols) + " |")
+        lines.append("")
+        if any(r["budget"] is not None for r in summary):
+            png = plot_robustness_curve(results, out / "robustness.png")
+            lines += [f"![robustness curve: {headline_metric(results)} vs budget]({png.name})", ""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path

@@ -1,0 +1,164 @@
+"""A tidy results table: one row per (sample, attack, budget), with summary and export.
+
+Rows are plain dicts of JSON-serialisable values, so a long evaluation can append them to a JSON
+Lines file as it goes and resume after a crash without losing or duplicating rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["Results"]
+
+KEY = ("sample", "attack", "budget")
+
+
+def _mean(values: list[float]) -> float:
+    vals = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    return sum(vals) / len(vals) if vals else float("nan")
+
+
+class Results:
+    """Rows of an evaluation. Columns depend on the task; the key is ``(sample, attack, budget)``.
+
+    Common columns: ``sample``, ``attack``, ``budget`` (data units, None for non-Lp attacks),
+    ``clean_pred``, ``adv_pred``, ``fooled``, ``linf``, ``l2``; task-specific metrics are prefixed
+    ``clean_``/``adv_``.
+    """
+
+    def __init__(self, rows: Iterable[dict[str, Any]] = (), meta: dict[str, Any] | None = None) -> None:
+        self.rows: list[dict[str, Any]] = list(rows)
+        self.meta: dict[str, Any] = dict(meta or {})
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.rows)
+
+    def keys(self) -> set[tuple]:
+        return {tuple(r[k] for k in KEY) for r in self.rows}
+
+    def extend(self, rows: Iterable[dict[str, Any]]) -> None:
+        self.rows.extend(rows)
+
+    def groups(self) -> dict[tuple[str, Any], list[dict[str, Any]]]:
+        out: dict[tuple[str, Any], list[dict[str, Any]]] = {}
+        for r in self.rows:
+            out.setdefault((r["attack"], r["budget"]), []).append(r)
+        return out
+
+    # --- summary ---------------------------------------------------------------------------------------------
+    def summary(self) -> list[dict[str, Any]]:
+        """One row per (attack, budget): means of the numeric per-sample columns, plus AUCs."""
+        from .metrics.classification import macro_auc
+
+        table = []
+        for (attack, budget), rows in self.groups().items():
+            row: dict[str, Any] = {"attack": attack, "budget": budget, "n": len(rows)}
+            for col, val in rows[0].items():
+                if col in KEY or col.endswith("_pred") or col.endswith("_scores") or col == "label":
+                    continue
+                if isinstance(val, bool | int | float) or val is None:
+                    row[col] = _mean([None if r.get(col) is None else float(r[col]) for r in rows])
+                elif isinstance(val, list) and val and all(isinstance(v, int | float) or v is None for v in val):
+                    cols = list(zip(*[r[col] for r in rows], strict=True))
+                    row[col] = [_mean([None if v is None else float(v) for v in c]) for c in cols]
+            if "clean_scores" in rows[0] and "label" in rows[0] and isinstance(rows[0]["label"], list):
+                labels = torch.tensor([r["label"] for r in rows], dtype=torch.float64)
+                for which in ("clean", "adv"):
+                    scores = torch.tensor([r[f"{which}_scores"] for r in rows], dtype=torch.float64)
+                    row[f"{which}_macro_auc"] = float(macro_auc(scores, labels))
+            table.append(row)
+        return table
+
+    def format_summary(self, columns: list[str] | None = None, digits: int = 3) -> str:
+        """The summary as an aligned text table (lists are shown element-wise)."""
+        table = self.summary()
+        if not table:
+            return "(no results)"
+        cols = columns or [c for c in table[0] if c != "n"] + ["n"]
+
+        def fmt(v: Any) -> str:
+            if isinstance(v, float):
+                return "nan" if math.isnan(v) else f"{v:.{digits}g}" if abs(v) < 1e-3 and v != 0 else f"{v:.{digits}f}"
+            if isinstance(v, list):
+                return "[" + " ".join(fmt(x) for x in v) + "]"
+            return "-" if v is None else str(v)
+
+        cells = [[fmt(r.get(c)) for c in cols] for r in table]
+        widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
+        lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format_summary()
+
+    # --- export ----------------------------------------------------------------------------------------------
+    def to_json(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(json.dumps({"meta": self.meta, "rows": self.rows}, indent=1))
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> Results:
+        data = json.loads(Path(path).read_text())
+        return cls(data["rows"], data.get("meta"))
+
+    def to_csv(self, path: str | os.PathLike) -> None:
+        cols: list[str] = []
+        for r in self.rows:
+            cols += [c for c in r if c not in cols]
+        with open(path, "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=cols)
+            w.writeheader()
+            for r in self.rows:
+                w.writerow({k: json.dumps(v) if isinstance(v, list | dict) else v for k, v in r.items()})
+
+    def to_pandas(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.rows)
+
+    # --- incremental log -----------------------------------------------------------------------------------------
+    @classmethod
+    def read_log(cls, path: str | os.PathLike) -> Results:
+        """Rows from a JSON Lines log; a truncated last line (crash mid-write) is dropped."""
+        rows, seen = [], set()
+        p = Path(path)
+        if p.is_file():
+            for line in p.read_text().splitlines():
+                try:
+                    r = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                k = tuple(r[c] for c in KEY)
+                if k not in seen:
+                    seen.add(k)
+                    rows.append(r)
+        return cls(rows)
+
+    @staticmethod
+    def append_log(path: str | os.PathLike, rows: Iterable[dict[str, Any]]) -> None:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        # a crash mid-write can leave a partial line: start a fresh line if needed
+        needs_newline = False
+        if p.is_file() and p.stat().st_size > 0:
+            with open(p, "rb") as fh:
+                fh.seek(-1, os.SEEK_END)
+                needs_newline = fh.read(1) != b"\n"
+        with open(p, "a") as fh:
+            if needs_newline:
+                fh.write("\n")
+            for r in rows:
+                fh.write(json.dumps(r) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())

@@ -1,0 +1,126 @@
+"""DAG and Paschali's target types A/B/C on small trained 3-D and 2-D segmenters."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.ndimage as ndi
+import torch
+
+from medadv.attacks.dag import DAG, dag_target_a, dag_target_b, dag_target_c
+from medadv.tasks import MultiClass, Segmentation
+from medadv.threats import Linf
+
+
+def test_target_a_everything_to_background():
+    y = torch.tensor([[[0, 1], [2, 1]]])
+    ya, mask = dag_target_a(y)
+    assert (ya == 0).all() and torch.equal(mask, y != 0)
+
+
+def test_target_b_one_class_random_fraction_seeded():
+    y = torch.zeros(2, 20, 20, 20, dtype=torch.long)
+    y[:, :10] = 1
+    y[:, 10:15] = 2
+    y_before = y.clone()
+    ya, mask = dag_target_b(y, fraction=0.2, generator=torch.Generator().manual_seed(0))
+    ya2, mask2 = dag_target_b(y, fraction=0.2, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(y, y_before)  # input untouched
+    assert torch.equal(ya, ya2) and torch.equal(mask, mask2)  # seeded
+    for i in range(2):
+        changed = ya[i] != y[i]
+        assert torch.equal(changed, mask[i])
+        c = torch.unique(ya[i][mask[i]])
+        assert c.numel() == 1 and int(c) in (1, 2)  # one adversarial foreground class
+        eligible = (y[i] != 0) & (y[i] != c)
+        assert (y[i][mask[i]] != 0).all()  # background never targeted
+        frac = mask[i].sum() / eligible.sum()
+        assert 0.15 < float(frac) < 0.25
+
+
+@pytest.mark.parametrize("ndim", [2, 3])
+def test_target_c_is_cross_dilation(ndim):
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 3, (1,) + (12,) * ndim, generator=g)
+    yc, mask = dag_target_c(y, cls=2, iterations=2)
+    ref = ndi.binary_dilation((y[0] == 2).numpy(), structure=ndi.generate_binary_structure(ndim, 1), iterations=2)
+    expect = torch.from_numpy(ref) & (y[0] != 2) & (y[0] != 0)
+    assert torch.equal(mask[0], expect)
+    assert (yc[mask] == 2).all() and torch.equal(yc[~mask], y[~mask])
+    yc_bg, mask_bg = dag_target_c(y, cls=2, iterations=2, include_background=True)
+    assert torch.equal(mask_bg[0], torch.from_numpy(ref) & (y[0] != 2))
+
+
+def test_dag_type_a_drives_voxels_to_background(trained_seg3d):
+    m, task, x, y = trained_seg3d.model, trained_seg3d.task, trained_seg3d.x, trained_seg3d.y
+    x_before = x.clone()
+    ya, mask = dag_target_a(y)
+    res = DAG(task, gamma=0.01, max_iter=200)(m, x, ya, target_mask=mask)
+    assert torch.equal(x, x_before)
+    pred = res.logits.argmax(1)
+    assert float((pred == 0).float().mean()) >= 0.9  # >= 90 % of all voxels at the target
+    assert float(res.extras["fooled_fraction"].mean()) >= 0.9
+    assert res.x_adv.min() >= 0 and res.x_adv.max() <= 1
+    for k in ("mse", "linf", "l2", "ssim", "fooled_fraction", "iterations"):
+        assert res.extras[k].shape == (x.shape[0],)
+    torch.testing.assert_close(res.extras["linf"], res.linf)
+    assert (res.extras["ssim"] < 1).all() and (res.extras["mse"] > 0).all()
+
+
+def test_dag_types_b_and_c_change_the_target_and_keep_the_rest(trained_seg3d):
+    m, task, x, y = trained_seg3d.model, trained_seg3d.task, trained_seg3d.x, trained_seg3d.y
+    with torch.no_grad():
+        pred0 = m(x).argmax(1)
+    for ya, mask, need in (
+        (*dag_target_b(y, fraction=0.1, generator=torch.Generator().manual_seed(0)), 0.3),
+        (*dag_target_c(y, cls=2, iterations=2), 0.9),
+    ):
+        clean_hit = ((pred0 == ya) & mask).sum() / mask.sum()
+        res = DAG(task, gamma=0.01, max_iter=100)(m, x, ya, target_mask=mask)
+        assert float(res.extras["fooled_fraction"].mean()) >= max(need, float(clean_hit) + 0.2)
+        kept = ((res.logits.argmax(1) == pred0) | mask).float().mean()
+        assert float(kept) >= 0.95  # voxels outside the target region mostly keep their prediction
+
+
+def test_dag_stops_early_and_bounded_variant(trained_seg3d):
+    m, task, x, y = trained_seg3d.model, trained_seg3d.task, trained_seg3d.x, trained_seg3d.y
+    ya, mask = dag_target_c(y, cls=2, iterations=1)
+    res = DAG(task, gamma=0.02, max_iter=200, stop_fraction=0.05)(m, x, ya, target_mask=mask)
+    assert (res.extras["iterations"] < 200).all()
+    assert (res.extras["fooled_fraction"] >= 0.95).all()
+    eps = 4 / 255
+    res_b = DAG(task, Linf(eps, bounds=(0, 1)), gamma=0.01, max_iter=30)(m, x, *dag_target_a(y))
+    assert (res_b.linf <= eps + 1e-6).all()
+    assert res_b.x_adv.min() >= 0 and res_b.x_adv.max() <= 1
+
+
+def test_dag_2d_multichannel(trained_seg2d):
+    m, task, x, y = trained_seg2d.model, trained_seg2d.task, trained_seg2d.x, trained_seg2d.y
+    ya, mask = dag_target_c(y, cls=2, iterations=2)
+    res = DAG(task, gamma=0.01, max_iter=100)(m, x, ya, target_mask=mask)
+    assert res.x_adv.shape == x.shape
+    assert float(res.extras["fooled_fraction"].mean()) >= 0.8
+
+
+def test_dag_l2_steps_have_length_gamma(trained_seg3d):
+    m, task, x, y = trained_seg3d.model, trained_seg3d.task, trained_seg3d.x[:1], trained_seg3d.y[:1]
+    res = DAG(task, gamma=0.01, max_iter=1, norm="l2", bounds=None)(m, x, *dag_target_a(y))
+    np.testing.assert_allclose(res.l2.numpy(), [0.01], rtol=1e-4)
+
+
+def test_dag_bad_input(trained_seg3d):
+    m, task, x, y = trained_seg3d.model, trained_seg3d.task, trained_seg3d.x, trained_seg3d.y
+    with pytest.raises(TypeError, match="Segmentation"):
+        DAG(MultiClass())
+    with pytest.raises(ValueError, match="gamma"):
+        DAG(task, gamma=0)
+    with pytest.raises(ValueError, match="norm"):
+        DAG(task, norm="l1")
+    with pytest.raises(ValueError, match="target"):
+        DAG(task)(m, x)
+    with pytest.raises(ValueError, match="bounds"):
+        DAG(task)(m, x + 2, y)
+    with pytest.raises(ValueError, match="target_mask"):
+        DAG(task)(m, x, y, target_mask=torch.ones(1, 2, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="out of range"):
+        DAG(Segmentation(3))(m, x, y + 5)

@@ -1,0 +1,180 @@
+"""GAP: budget and bounds, learning beats same-norm noise, targeted/universal forms, checkpoints, transfer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from medadv.attacks.base import get_attack
+from medadv.attacks.gap import GAP, GAPTrainer
+from medadv.evaluation import evaluate
+from medadv.models import small_cnn
+from medadv.models.generators import ResnetGenerator, UnetGenerator
+from medadv.tasks import MultiClass, MultiLabel
+from medadv.threats import L2, Linf
+
+
+def _noise_fooling(model, task, x, eps, seed=0):
+    """Fooling rate of random ±eps sign noise (the same L∞ norm as the attack), clipped to [0, 1]."""
+    g = torch.Generator().manual_seed(seed)
+    noise = (torch.randint(0, 2, x.shape, generator=g) * 2 - 1).float() * eps
+    with torch.no_grad():
+        clean = task.predict(model(x))
+        return float(task.fooled(model((x + noise).clamp(0, 1)), clean).float().mean())
+
+
+def test_budget_and_bounds_per_channel_and_per_sample():
+    task = MultiClass()
+    model = small_cnn(3, 4, width=4).eval()
+    x = torch.rand(5, 3, 12, 12)
+    x[:, 0] = 0.0  # a channel at the lower bound: clipping must keep it inside
+    lo = torch.tensor([0.0, 0.0, 0.2]).reshape(3, 1, 1)
+    hi = torch.tensor([1.0, 0.8, 1.0]).reshape(3, 1, 1)
+    x = torch.maximum(torch.minimum(x, hi), lo)
+    eps = 0.05
+    for per_channel in (True, False):
+        # instance norm: an untrained generator already has an O(1) output in eval mode
+        gen = ResnetGenerator(3, ngf=4, norm="instance").eval()
+        atk = GAP(task, Linf(eps, bounds=(lo, hi)), gen, per_channel=per_channel)
+        res = atk(model, x)
+        d = res.x_adv - x
+        assert float(res.linf.max()) <= eps + 1e-6
+        assert bool((res.x_adv >= lo).all() and (res.x_adv <= hi).all())
+        raw = atk.scale(atk.raw(x))  # before the bound clip every sample (and channel) sits on the budget
+        peaks = raw.abs().amax(dim=(2, 3)) if per_channel else raw.abs().amax(dim=(1, 2, 3))
+        assert torch.allclose(peaks, torch.full_like(peaks, eps), atol=1e-6)
+        if per_channel:  # channels 1-2 are off their bounds: there the budget is used, not only shrunk
+            assert float(d[:, 1:].abs().amax()) > 0.9 * eps
+
+
+def test_small_output_scale_is_never_amplified():
+    atk = GAP(MultiClass(), Linf(0.5, bounds=(0.0, 1.0)), UnetGenerator(1, ngf=4), output_scale=1e-3)
+    u = atk.raw(torch.rand(2, 1, 8, 8))
+    assert torch.equal(atk.scale(u), u)  # min(1, eps/||u||) = 1
+
+
+def test_trained_gap_beats_same_norm_noise_multilabel(trained_multilabel, tmp_path):
+    t = trained_multilabel
+    eps = 0.05
+    x_train, _ = _train_data(t)
+    atk = GAP(t.task, Linf(eps, bounds=(0.0, 1.0)), UnetGenerator(1, ngf=8))
+    before = atk(t.model, t.x).fooling_rate
+    GAPTrainer(atk, t.model, epochs=6, batch_size=16, lr=1e-2, checkpoint=tmp_path / "g.pt").fit(x_train)
+    res = atk(t.model, t.x)
+    noise = _noise_fooling(t.model, t.task, t.x, eps)
+    assert float(res.linf.max()) <= eps + 1e-6
+    assert res.fooling_rate >= noise + 0.5, (res.fooling_rate, noise, before)
+    # the model under attack is untouched: eval mode kept, parameters still trainable
+    assert not t.model.training and all(p.requires_grad for p in t.model.parameters())
+
+
+def test_trained_gap_beats_noise_multiclass_eq4_loss(trained_multiclass):
+    t = trained_multiclass
+    eps = 0.1
+    atk = GAP(t.task, Linf(eps, bounds=(0.0, 1.0)), UnetGenerator(1, ngf=8), loss="neg_true_logprob")
+    GAPTrainer(atk, t.model, epochs=6, batch_size=16, lr=1e-2).fit(_train_data(t)[0])
+    res = atk(t.model, t.x)
+    assert res.fooling_rate >= _noise_fooling(t.model, t.task, t.x, eps) + 0.3
+
+
+def test_targeted_multilabel_vector(trained_multilabel):
+    t = trained_multilabel
+    target = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    atk = GAP(t.task, Linf(0.1, bounds=(0.0, 1.0)), UnetGenerator(1, ngf=8), targeted=True)
+    ys = target.expand(t.x.shape[0], 4)
+    before = atk(t.model, t.x, ys).fooling_rate
+    GAPTrainer(atk, t.model, epochs=6, batch_size=16, lr=1e-2, target=target).fit(_train_data(t)[0])
+    after = atk(t.model, t.x, ys)
+    assert after.fooling_rate >= before + 0.3  # fraction of samples whose labels all equal the target
+
+
+def test_universal_perturbation_is_shared(trained_multilabel):
+    t = trained_multilabel
+    atk = GAP(t.task, Linf(0.05, bounds=(0.0, 1.0)), ResnetGenerator(1, ngf=4), universal=True,
+              input_shape=tuple(t.x.shape[1:]))
+    GAPTrainer(atk, t.model, epochs=2, batch_size=32, lr=1e-2).fit(_train_data(t)[0])
+    res = atk(t.model, t.x)
+    d = res.x_adv - t.x
+    inside = ((t.x + d[0:1]) > 0) & ((t.x + d[0:1]) < 1)  # where no clip acted, all samples share delta
+    assert torch.allclose(d[inside], d[0:1].expand_as(d)[inside], atol=1e-6)
+    with pytest.raises(ValueError, match="sample shape"):
+        atk(t.model, torch.rand(2, 1, 8, 8))
+
+
+def test_resume_after_interruption_matches_uninterrupted(trained_multilabel, tmp_path):
+    t = trained_multilabel
+    x = _train_data(t)[0][:96]
+
+    def fresh():
+        return GAP(t.task, Linf(0.05, bounds=(0.0, 1.0)), UnetGenerator(1, ngf=4, seed=3))
+
+    full = fresh()
+    GAPTrainer(full, t.model, epochs=3, batch_size=32, lr=1e-2, seed=7).fit(x)
+
+    ckpt = tmp_path / "gap.pt"
+    crashed = fresh()
+
+    def crash(epoch, record):
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        GAPTrainer(crashed, t.model, epochs=3, batch_size=32, lr=1e-2, seed=7, checkpoint=ckpt).fit(x, callback=crash)
+    resumed = fresh()
+    tr = GAPTrainer(resumed, t.model, epochs=3, batch_size=32, lr=1e-2, seed=7, checkpoint=ckpt)
+    tr.fit(x)
+    assert [h["epoch"] for h in tr.history] == [1, 2, 3]
+    for (k, a), b in zip(full.generator.state_dict().items(), resumed.generator.state_dict().values(), strict=True):
+        assert torch.equal(a, b), k
+
+
+def test_checkpoint_round_trip_transfer_and_evaluate(trained_multilabel, tmp_path):
+    t = trained_multilabel
+    ckpt = tmp_path / "gap.pt"
+    atk = GAP(t.task, Linf(0.05, bounds=(0.0, 1.0)), UnetGenerator(1, ngf=4))
+    GAPTrainer(atk, t.model, epochs=2, batch_size=32, lr=1e-2, checkpoint=ckpt).fit(_train_data(t)[0])
+    again = GAP.from_checkpoint(ckpt, t.task, Linf(0.05, bounds=(0.0, 1.0)))
+    assert torch.equal(atk(t.model, t.x).x_adv, again(t.model, t.x).x_adv)
+    # a smaller budget at test time rescales the same generator
+    smaller = GAP.from_checkpoint(ckpt, t.task, Linf(0.02, bounds=(0.0, 1.0)))
+    assert float(smaller(t.model, t.x).linf.max()) <= 0.02 + 1e-6
+    # transfer: the trained generator attacks another model, and evaluate() runs it like any attack
+    other = small_cnn(1, 4, width=4).eval()
+    res = again(other, t.x)
+    assert res.x_adv.shape == t.x.shape and res.fooled.shape == (t.x.shape[0],)
+    table = evaluate(t.model, t.task, (t.x, t.y), {"gap": again})
+    assert len(table) == t.x.shape[0] and all(r["linf"] <= 0.05 + 1e-6 for r in table)
+
+
+def test_segmentation_3d_least_likely_voxels(trained_seg3d):
+    t = trained_seg3d
+    atk = GAP(t.task, Linf(0.1, bounds=(0.0, 1.0)), UnetGenerator(1, ngf=4, depth=2, ndim=3))
+    GAPTrainer(atk, t.model, epochs=1, batch_size=4, lr=1e-2).fit(t.x)
+    res = atk(t.model, t.x, t.y)
+    assert float(res.linf.max()) <= 0.1 + 1e-6 and bool((res.x_adv >= 0).all() and (res.x_adv <= 1).all())
+
+
+def test_registered_and_bad_inputs():
+    task, g = MultiClass(), UnetGenerator(1, ngf=4)
+    assert isinstance(get_attack("gap", task, Linf(0.1, bounds=(0.0, 1.0)), g), GAP)
+    with pytest.raises(TypeError, match="Linf"):
+        GAP(task, L2(0.1, bounds=(0.0, 1.0)), g)
+    with pytest.raises(TypeError, match="generator"):
+        GAP(task, Linf(0.1, bounds=(0.0, 1.0)), "unet")
+    with pytest.raises(ValueError, match="input_shape"):
+        GAP(task, Linf(0.1, bounds=(0.0, 1.0)), g, universal=True)
+    with pytest.raises(ValueError, match="loss"):
+        GAP(task, Linf(0.1, bounds=(0.0, 1.0)), g, loss="cw")
+    atk = GAP(MultiLabel(), Linf(0.1, bounds=(0.0, 1.0)), g)
+    with pytest.raises(ValueError, match="target"):
+        GAPTrainer(atk, small_cnn(1, 4), target=torch.ones(4))
+    with pytest.raises(ValueError, match="outside the declared bounds"):
+        GAPTrainer(atk, small_cnn(1, 4)).fit(torch.full((4, 1, 8, 8), 2.0))
+
+
+def _train_data(t):
+    """Fresh training data from the fixture's generator family (its held-out x is the test split)."""
+    from medadv.data.synthetic import multiclass_blobs, multilabel_blobs
+
+    fn = multilabel_blobs if isinstance(t.task, MultiLabel) else multiclass_blobs
+    return fn(n=256, seed=0)

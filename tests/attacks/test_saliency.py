@@ -1,0 +1,130 @@
+"""Explanation attacks: relevance (move the map, keep the prediction) and resistance (flip, keep the map)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from medadv.attacks.base import get_attack
+from medadv.attacks.relevance import SaliencyRelevance
+from medadv.attacks.resistance import RESISTANCE_STEPS, SaliencyResistance
+from medadv.attacks.saliency import square_target
+from medadv.explain import GradCAM, Gradient, IntegratedGradients, SmoothGrad
+from medadv.metrics.saliency import map_ssim
+from medadv.threats import L2, Linf
+
+
+@pytest.fixture(scope="module")
+def ml(trained_multilabel):
+    return trained_multilabel.model, trained_multilabel.task, trained_multilabel.x[:8], trained_multilabel.y[:8]
+
+
+@pytest.mark.parametrize("goal", ["target", "topk", "center"])
+def test_relevance_lowers_map_ssim_and_keeps_prediction(ml, goal):
+    model, task, x, _ = ml
+    threat = Linf(0.06, bounds=(0.0, 1.0))
+    x0, state = x.clone(), {k: v.clone() for k, v in model.state_dict().items()}
+    res = SaliencyRelevance(task, threat, Gradient(), goal=goal, steps=60, lr=2e-3, max_prob_change=0.05)(model, x)
+    sim = res.extras["similarity"]
+    assert sim["ssim"].mean() < 0.8  # clean map vs itself is 1.0
+    assert res.extras["admissible"].all()
+    assert not res.fooled.any()  # every label prediction unchanged
+    assert res.extras["prob_change"].max() <= 0.05 + 1e-6
+    assert (res.linf <= 0.06 + 1e-6).all() and res.x_adv.min() >= 0 and res.x_adv.max() <= 1
+    # caller's tensors and model untouched
+    assert torch.equal(x, x0) and all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert not any(isinstance(m, torch.nn.Softplus) for m in model.modules())
+    if goal == "target":
+        inside = res.extras["target_map"] > 0
+        before = (res.extras["map"] * inside).flatten(1).sum(1)
+        after = (res.extras["map_adv"] * inside).flatten(1).sum(1)
+        assert after.mean() > 2 * before.mean()  # saliency mass moved into the target square
+    if goal == "topk":
+        assert sim["topk"].mean() < 0.8
+
+
+@pytest.mark.parametrize("expl", [IntegratedGradients(n_steps=5), SmoothGrad(n_samples=4), GradCAM("2")],
+                         ids=lambda e: e.name)
+def test_relevance_other_methods(ml, expl):
+    model, task, x, _ = ml
+    res = SaliencyRelevance(task, Linf(0.06, bounds=(0.0, 1.0)), expl, goal="topk", steps=25, lr=3e-3)(model, x[:4])
+    assert res.extras["similarity"]["ssim"].mean() < 0.9
+    assert not res.fooled.any()
+
+
+def test_resistance_flips_while_map_stays_close(ml):
+    model, task, x, _ = ml
+    threat = Linf(0.1, bounds=(0.0, 1.0))
+    kw = dict(steps=40, lr=0.01, prefactors=(1e6, 1.0))
+    res = SaliencyResistance(task, threat, Gradient(), beta=(10.0, 100.0), **kw)(model, x)
+    flipped = res.extras["flipped"]
+    assert flipped.float().mean() >= 0.75
+    assert res.fooled[flipped].all()
+    ssim = res.extras["similarity"]["ssim"][flipped]
+    assert ssim.mean() > 0.85
+    # without the surrogate the map term has no gradient on this ReLU net: the map drifts much more
+    plain = SaliencyResistance(task, threat, Gradient(), beta=None, **kw)(model, x)
+    f2 = plain.extras["flipped"]
+    assert ssim.mean() > plain.extras["similarity"]["ssim"][f2].mean() + 0.1
+    assert (res.linf <= 0.1 + 1e-6).all()
+
+
+def test_resistance_multiclass_and_sign_steps(trained_multiclass):
+    t = trained_multiclass
+    res = SaliencyResistance(t.task, Linf(0.2, bounds=(0.0, 1.0)), Gradient(), optimizer="sign", steps=20, lr=0.02,
+                             beta=20.0)(t.model, t.x[:6])
+    assert res.fooled.float().mean() >= 0.5
+    assert (res.linf <= 0.2 + 1e-6).all()
+
+
+def test_relevance_segmentation_3d_with_l2(trained_seg3d):
+    t = trained_seg3d
+    res = SaliencyRelevance(t.task, L2(2.0, bounds=(0.0, 1.0)), Gradient(), goal="center", steps=10, lr=5e-3,
+                            keep_fraction=0.95)(t.model, t.x[:2])
+    assert res.extras["map"].shape == (2, 16, 16, 16)
+    assert res.extras["similarity"]["com_shift"].mean() > 0
+    assert (res.l2 <= 2.0 + 1e-4).all()
+    assert res.extras["admissible"].all()
+
+
+def test_best_so_far_is_deterministic_and_registered(ml):
+    model, task, x, _ = ml
+    a = get_attack("saliency_relevance", task, Linf(0.03, bounds=(0.0, 1.0)), Gradient(), goal="topk", steps=5, lr=1e-3)
+    r1, r2 = a(model, x[:2]), a(model, x[:2])
+    assert torch.equal(r1.x_adv, r2.x_adv)
+    assert get_attack("saliency_resistance", task, Linf(0.03, bounds=(0, 1)), Gradient()).steps == RESISTANCE_STEPS["gradient"]
+
+
+def test_square_target():
+    t = square_target((512, 512))
+    assert t.sum().item() == pytest.approx(1.0)
+    assert t[130, 380] > 0 and t[189, 439] > 0 and t[129, 380] == 0 and t[190, 439] == 0
+    t64 = square_target((64, 64))
+    assert int((t64 > 0).sum()) == 8 * 7 and t64.sum().item() == pytest.approx(1.0)
+    rows = (t64 > 0).any(1).nonzero()[:, 0]
+    assert rows.min() == round(130 * 64 / 512) and rows.max() == round(190 * 64 / 512) - 1
+
+
+def test_map_ssim_of_attack_equals_extras(ml):
+    model, task, x, _ = ml
+    res = SaliencyRelevance(task, Linf(0.03, bounds=(0.0, 1.0)), Gradient(), goal="topk", steps=3, lr=1e-3)(model, x[:2])
+    torch.testing.assert_close(map_ssim(res.extras["map"], res.extras["map_adv"]), res.extras["similarity"]["ssim"])
+
+
+def test_bad_arguments(ml):
+    model, task, x, _ = ml
+    th = Linf(0.03, bounds=(0.0, 1.0))
+    with pytest.raises(TypeError, match="explanation"):
+        SaliencyRelevance(task, th, "gradient")
+    with pytest.raises(ValueError, match="goal"):
+        SaliencyRelevance(task, th, Gradient(), goal="nope")
+    with pytest.raises(ValueError, match="optimizer"):
+        SaliencyRelevance(task, th, Gradient(), optimizer="sgd")
+    with pytest.raises(ValueError, match="beta"):
+        SaliencyRelevance(task, th, Gradient(), beta=-1.0)
+    with pytest.raises(ValueError, match="targeted"):
+        SaliencyResistance(task, th, Gradient(), targeted=True)
+    with pytest.raises(ValueError, match="bounds"):
+        SaliencyRelevance(task, th, Gradient(), steps=1)(model, x[:1] + 2.0)
+    with pytest.raises(ValueError, match="target"):
+        SaliencyRelevance(task, th, Gradient(), steps=1, label=9)(model, x[:1])

@@ -1,0 +1,75 @@
+import json
+
+import pytest
+import torch
+
+from medadv.attacks import FGSM, PGD
+from medadv.evaluation import evaluate
+from medadv.results import Results
+from medadv.threats import Linf
+
+
+def test_multilabel_evaluation_table_and_exports(trained_multilabel, tmp_path):
+    t = trained_multilabel
+    threat = Linf(0.15, bounds=(0.0, 1.0))
+    res = evaluate(t.model, t.task, (t.x, t.y), {"fgsm": FGSM(t.task, threat), "pgd": PGD(t.task, threat, steps=5)})
+    assert len(res) == 2 * t.x.shape[0]
+    summary = {r["attack"]: r for r in res.summary()}
+    assert summary["pgd"]["adv_label_accuracy"] < summary["pgd"]["clean_label_accuracy"]
+    assert summary["pgd"]["adv_macro_auc"] < summary["pgd"]["clean_macro_auc"]
+    assert summary["pgd"]["linf"] == pytest.approx(0.15, abs=1e-6)
+    res.to_json(tmp_path / "r.json")
+    res.to_csv(tmp_path / "r.csv")
+    again = Results.from_json(tmp_path / "r.json")
+    assert again.rows == res.rows
+    assert (tmp_path / "r.csv").read_text().count("\n") == len(res) + 1
+    assert "adv_label_accuracy" in res.format_summary()
+
+
+def test_segmentation_evaluation_has_dice_and_hd95(trained_seg3d):
+    t = trained_seg3d
+    res = evaluate(t.model, t.task, (t.x, t.y), [PGD(t.task, Linf(0.1, bounds=(0.0, 1.0)), steps=3)], hd95=True)
+    row = res.rows[0]
+    assert len(row["clean_dice"]) == 3 and len(row["adv_hd95"]) == 3
+    s = res.summary()[0]
+    assert s["adv_mean_dice"] < s["clean_mean_dice"]
+
+
+def test_log_resume_does_not_duplicate_or_recompute(trained_multiclass, tmp_path):
+    t = trained_multiclass
+    log = tmp_path / "log.jsonl"
+    atk = {"pgd": PGD(t.task, Linf(0.1, bounds=(0.0, 1.0)), steps=2)}
+    batches = [(t.x[:16], t.y[:16]), (t.x[16:], t.y[16:])]
+    evaluate(t.model, t.task, batches[:1], atk, log=log)  # "crash" after the first batch
+    with open(log, "a") as fh:  # and a torn last line
+        fh.write('{"sample": 99, "attack": "pg')
+    calls = []
+    orig = atk["pgd"].perturb
+    atk["pgd"].perturb = lambda *a: calls.append(a[1].shape[0]) or orig(*a)
+    res = evaluate(t.model, t.task, batches, atk, log=log)
+    assert calls == [16]  # only the second batch was attacked again
+    assert sorted(r["sample"] for r in res) == list(range(32))
+    lines = [json.loads(s) for s in log.read_text().splitlines() if s.startswith("{") and s.endswith("}")]
+    assert len({r["sample"] for r in lines}) == 32
+
+
+def test_evaluate_rejects_bad_arguments(trained_multiclass):
+    t = trained_multiclass
+    atk = PGD(t.task, Linf(0.1, bounds=(0.0, 1.0)), steps=1)
+    with pytest.raises(TypeError, match="attacks"):
+        evaluate(t.model, t.task, (t.x, t.y), "pgd")
+    with pytest.raises(ValueError, match="distinct names"):
+        evaluate(t.model, t.task, (t.x, t.y), [atk, atk])
+    targeted = PGD(t.task, Linf(0.1, bounds=(0.0, 1.0)), steps=1, targeted=True)
+    with pytest.raises(ValueError, match="target_fn"):
+        evaluate(t.model, t.task, (t.x, t.y), [targeted])
+    with pytest.raises(ValueError, match="y"):
+        evaluate(t.model, t.task, (t.x, t.y[:3]), [atk])
+    assert torch.isfinite(t.x).all()
+
+
+def test_targeted_evaluation_uses_target_fn(trained_multiclass):
+    t = trained_multiclass
+    atk = PGD(t.task, Linf(0.3, bounds=(0.0, 1.0)), steps=10, targeted=True)
+    res = evaluate(t.model, t.task, (t.x, t.y), {"to-class-0": atk}, target_fn=lambda x, y, logits: torch.zeros_like(y))
+    assert res.summary()[0]["fooled"] > 0.8  # most samples reach class 0
