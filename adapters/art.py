@@ -90,7 +90,7 @@ def _preserved(model: nn.Module) -> Iterator[None]:
 
 
 class TaskLoss(nn.Module):
-    """The task's per-sample loss as an ``nn.Module`` ART can hold (``reduction`` as ART sets it).
+    """A classification task's per-sample loss as an ``nn.Module`` ART can hold (``reduction`` as ART sets it).
 
     It is not a subclass of ART's recognised BCE/CE losses on purpose: ART then passes labels through
     untouched, and the conversion to the task's label format happens here.
@@ -102,10 +102,7 @@ class TaskLoss(nn.Module):
         self.reduction = reduction
 
     def forward(self, logits: Tensor, y: Tensor) -> Tensor:
-        if isinstance(self.task, Segmentation):
-            per = self.task.loss(logits, segmentation_target(self.task, y, logits))
-        else:
-            per = self.task.loss(logits, classifier_target(self.task, y, logits))
+        per = self.task.loss(logits, classifier_target(self.task, y, logits))
         if self.reduction == "none":
             return per
         return per.sum() if self.reduction == "sum" else per.mean()
@@ -348,5 +345,7 @@ class ARTSegmenter(PyTorchEstimator):
         finally:
             handle.remove()
             self._restore(modes)
+        if not all(isinstance(a, Tensor) for a in captured):
+            raise ValueError(f"`layer` {layer!r} does not return a single tensor; choose another layer")
         acts = torch.cat(captured)
         return acts if framework else acts.cpu().numpy()

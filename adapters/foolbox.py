@@ -193,16 +193,17 @@ class _TaskLoss:
 
         return loss_fn
 
-    def run(self, model: Any, inputs: Any, criterion: Any, *, epsilon: float, **kwargs: Any) -> Any:
+    def __call__(self, model: Any, inputs: Any, criterion: Any, *, epsilons: Any, **kwargs: Any) -> Any:
         if not isinstance(model, TaskModel):
             raise TypeError(f"`model` must be a medadv.adapters.foolbox.TaskModel, got {type(model).__name__}")
         x = _raw(inputs)
         lo, hi = model.bounds
+        # Foolbox itself only asserts (bare AssertionError) on out-of-bounds inputs
         if isinstance(x, Tensor) and (bool((x < lo).any()) or bool((x > hi).any())):
             raise ValueError(f"`inputs` has values in [{float(x.min()):.6g}, {float(x.max()):.6g}], outside the "
                              f"model bounds ({lo:.6g}, {hi:.6g})")
         with attack_mode(model.module), torch.enable_grad():
-            return super().run(model, inputs, criterion, epsilon=epsilon, **kwargs)  # type: ignore[misc]
+            return super().__call__(model, inputs, criterion, epsilons=epsilons, **kwargs)  # type: ignore[misc]
 
 
 class LinfPGD(_TaskLoss, fb.attacks.LinfPGD):

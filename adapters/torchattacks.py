@@ -17,7 +17,9 @@ mean/std to ``(1, C, 1, 1)`` (2-D only). This module offers:
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -59,6 +61,7 @@ class TorchattacksModel(nn.Module):
         self.task = task
         self.box = UnitBox(model, *bounds)
         self.norm = None if mean is None else _ChannelNorm(mean, std)
+        self.train(model.training)  # torchattacks restores the wrapper's flag onto the whole model
 
     # --- unit box <-> data units ----------------------------------------------------------------------------
     def encode(self, x: Tensor) -> Tensor:
@@ -111,10 +114,22 @@ class TorchattacksModel(nn.Module):
         u = self.encode(x)
         if bool((u < -1e-6).any()) or bool((u > 1 + 1e-6).any()):
             raise ValueError("`x` lies outside the declared `bounds`; torchattacks would clip it silently")
-        u_adv = atk(u.clamp(0, 1), self.labels(y)).to(x)
+        with _modes_kept(self):
+            u_adv = atk(u.clamp(0, 1), self.labels(y)).to(x)
         lo = self.box.lo.to(x)
         # decoding only the perturbation keeps untouched voxels exact; the clamp removes round-off
         return torch.clamp(self.decode(u_adv, x), lo, lo + self.box.scale.to(x))
+
+
+@contextlib.contextmanager
+def _modes_kept(model: nn.Module) -> Iterator[None]:
+    """Restore every sub-module's train/eval flag: torchattacks only restores the top-level one."""
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
 
 
 class _ChannelNorm(nn.Module):
@@ -198,6 +213,10 @@ class MedadvAttack(torchattacks.attack.Attack):
         return self._norm.inverse(inputs)  # type: ignore[union-attr]
 
     # --- the attack -------------------------------------------------------------------------------------
+    def __call__(self, inputs: Tensor, labels: Tensor | None = None, *args: Any, **kwargs: Any) -> Tensor:
+        with _modes_kept(self.model):
+            return super().__call__(inputs, labels, *args, **kwargs)
+
     def forward(self, inputs: Tensor, labels: Tensor | None = None) -> Tensor:
         x = inputs.clone().detach().to(self.device)
         y = None if labels is None else labels.clone().detach().to(self.device)

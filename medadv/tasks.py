@@ -34,6 +34,20 @@ def _check_finite(name: str, t: Tensor) -> None:
         raise ValueError(f"`{name}` contains NaN or Inf values")
 
 
+def _argmax1(logits: Tensor) -> Tensor:
+    """Arg-max over the class axis (first maximum on ties, like ``argmax``).
+
+    ``max(dim=1).indices`` is the same index but 5-9x faster than ``argmax(dim=1)`` on CPU for
+    ``(N, C, *spatial)`` logits (7 ms vs 1 ms at 2x3x32^3); SegPGD calls it every step.
+    """
+    return logits.max(dim=1).indices
+
+
+def _onehot_cosine(p: Tensor, y: Tensor) -> Tensor:
+    """``cos(p, onehot(y)) = p_y / ||p||`` over the class axis (dim 1); ``||p|| > 0`` for a softmax."""
+    return p.gather(1, y.unsqueeze(1)).squeeze(1) * (p * p).sum(dim=1).rsqrt()
+
+
 class Task(ABC):
     """Base class of all tasks. Subclasses define the element grid and its loss."""
 
@@ -72,6 +86,16 @@ class Task(ABC):
         Multi-label labels are treated as independent Bernoulli variables, so both tensors are
         ``(N, 2, L)`` (``[p, 1 - p]`` against ``[y, 1 - y]``).
         """
+
+    def target_cosine(self, logits: Tensor, y: Tensor) -> Tensor:
+        """Per-element cosine similarity of the predicted and target distributions (the CosPGD weight).
+
+        Element grid shaped; equals ``F.cosine_similarity(*self.distributions(logits, y), dim=1)``.
+        Subclasses compute it in closed form: with a one-hot target it is ``p_y / ||p||``, which avoids
+        a norm over the class axis (a slow strided reduction on CPU for ``(N, C, *spatial)`` tensors).
+        """
+        p, t = self.distributions(logits, y)
+        return F.cosine_similarity(p, t, dim=1, eps=1e-12)
 
     @abstractmethod
     def element_correct(self, logits: Tensor, y: Tensor) -> Tensor:
@@ -138,11 +162,14 @@ class MultiClass(Task):
         return F.cross_entropy(logits, y.long(), reduction="none")
 
     def predict(self, logits: Tensor) -> Tensor:
-        return logits.argmax(dim=1)
+        return _argmax1(logits)
 
     def distributions(self, logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         p = logits.softmax(dim=1)
         return p, F.one_hot(y.long(), logits.shape[1]).to(p.dtype)
+
+    def target_cosine(self, logits: Tensor, y: Tensor) -> Tensor:
+        return _onehot_cosine(logits.softmax(dim=1), y.long())
 
     def element_correct(self, logits: Tensor, y: Tensor) -> Tensor:
         return self.predict(logits) == y
@@ -203,6 +230,11 @@ class MultiLabel(Task):
         p = logits.sigmoid()
         t = y.to(p.dtype)
         return torch.stack((p, 1 - p), dim=1), torch.stack((t, 1 - t), dim=1)
+
+    def target_cosine(self, logits: Tensor, y: Tensor) -> Tensor:
+        p, t = logits.sigmoid(), y.to(logits.dtype)
+        q, u = 1 - p, 1 - t
+        return (p * t + q * u) * ((p * p + q * q) * (t * t + u * u)).rsqrt()
 
     def element_correct(self, logits: Tensor, y: Tensor) -> Tensor:
         return self.predict(logits) == y.to(logits.dtype)
@@ -380,42 +412,54 @@ class Segmentation(Task):
 
     # --- predictions and tests ------------------------------------------------------------------------
     def predict(self, logits: Tensor) -> Tensor:
-        return logits.argmax(dim=1)
+        return _argmax1(logits)
 
     def distributions(self, logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         p = logits.softmax(dim=1)
         return p, self.one_hot(y, p.dtype)
 
+    def target_cosine(self, logits: Tensor, y: Tensor) -> Tensor:
+        cos = _onehot_cosine(logits.softmax(dim=1), self._safe_labels(y))
+        mask = self.valid_mask(y)
+        return cos if mask is None else cos * mask.to(cos.dtype)  # ignored voxels: all-zero target
+
     def element_correct(self, logits: Tensor, y: Tensor) -> Tensor:
         return self.predict(logits) == y
 
-    def dice(self, pred: Tensor, y: Tensor) -> Tensor:
-        """Hard Dice per sample and class ``(N, C)``; 1 where a class is absent from both.
+    def confusion(self, pred: Tensor, y: Tensor) -> Tensor:
+        """Per-sample confusion counts ``(N, C, C)``: ``[n, i, j]`` = valid voxels labelled i, predicted j.
 
-        Same values as MONAI's ``compute_dice(..., include_background=True, ignore_empty=False)``, but
-        vectorised: MONAI loops over samples and classes in Python with a host sync per pair, and this
-        runs inside attack loops (restart scoring, active set).
+        One scatter-add over the voxels, no one-hot tensors and no host sync: this runs inside attack
+        loops (restart scoring, the active set) and on every result.
         """
-        p = self.one_hot(pred)
+        c = self.num_classes
+        key = (self._safe_labels(y) * c + pred.long()).reshape(y.shape[0], -1)
         mask = self.valid_mask(y)
-        if mask is not None:
-            p = p * mask.unsqueeze(1).to(p.dtype)
-        t = self.one_hot(y)
-        dims = tuple(range(2, t.ndim))
-        inter = (p * t).sum(dims)
-        total = p.sum(dims) + t.sum(dims)
+        # integer counts stay exact beyond 2**24 voxels (whole-body CT), where float32 would round
+        weight = torch.ones_like(key) if mask is None else mask.reshape(key.shape).long()
+        counts = torch.zeros(y.shape[0], c * c, dtype=torch.int64, device=key.device)
+        return counts.scatter_add_(1, key, weight).reshape(-1, c, c)
+
+    def dice(self, pred: Tensor, y: Tensor) -> Tensor:
+        """Hard Dice per sample and class ``(N, C)`` over valid voxels; 1 where a class is absent from both.
+
+        Same values as MONAI's ``compute_dice(..., include_background=True, ignore_empty=False)``.
+        """
+        return self._dice_from_confusion(self.confusion(pred, y))
+
+    @staticmethod
+    def _dice_from_confusion(conf: Tensor) -> Tensor:
+        inter = conf.diagonal(dim1=1, dim2=2).float()
+        total = (conf.sum(dim=2) + conf.sum(dim=1)).float()
         return torch.where(total > 0, 2.0 * inter / total.clamp_min(1.0), torch.ones_like(total))
 
     def mean_dice(self, pred: Tensor, y: Tensor) -> Tensor:
-        """``(N,)`` Dice averaged over the counted classes present in ``y`` or the prediction."""
-        d = self.dice(pred, y)
+        """``(N,)`` Dice averaged over the counted classes present (in valid voxels) in ``y`` or the prediction."""
+        conf = self.confusion(pred, y)
+        d = self._dice_from_confusion(conf)
+        present = (conf.sum(dim=2) > 0) | (conf.sum(dim=1) > 0)
         if not self.include_background:
-            d = d[:, 1:]
-        present = (self.one_hot(y).sum(dim=tuple(range(2, y.ndim + 1))) > 0) | (
-            self.one_hot(pred).sum(dim=tuple(range(2, y.ndim + 1))) > 0
-        )
-        if not self.include_background:
-            present = present[:, 1:]
+            d, present = d[:, 1:], present[:, 1:]
         d = torch.where(present, d, torch.zeros_like(d))
         return d.sum(dim=1) / present.sum(dim=1).clamp_min(1)
 

@@ -19,8 +19,10 @@ class Trained:
         self.model, self.task, self.x, self.y = model, task, x, y
 
 
-def _train(model, task, data_fn, n_train, n_test, epochs, lr, batch_size=16, **kw):
+def _train(make_model, task, data_fn, n_train, n_test, epochs, lr, batch_size=16, **kw):
+    # seed before building: the weights must not depend on which tests ran first
     torch.manual_seed(0)
+    model = make_model()
     x, y = data_fn(n=n_train + n_test, seed=0, **kw)
     fit_supervised(model, task, x[:n_train], y[:n_train], epochs=epochs, lr=lr, batch_size=batch_size)
     return Trained(model.eval(), task, x[n_train:], y[n_train:])
@@ -29,24 +31,24 @@ def _train(model, task, data_fn, n_train, n_test, epochs, lr, batch_size=16, **k
 @pytest.fixture(scope="session")
 def trained_multiclass():
     """4-class 2-D CNN on 16x16 blob images (MultiClass)."""
-    return _train(small_cnn(1, 4, width=8), MultiClass(), multiclass_blobs, 256, 32, 15, 1e-2, num_classes=4)
+    return _train(lambda: small_cnn(1, 4, width=8), MultiClass(), multiclass_blobs, 256, 32, 15, 1e-2, num_classes=4)
 
 
 @pytest.fixture(scope="session")
 def trained_multilabel():
     """4-label 2-D CNN on 16x16 blob images (MultiLabel, threshold 0.5)."""
-    return _train(small_cnn(1, 4, width=8), MultiLabel(), multilabel_blobs, 256, 32, 15, 1e-2, num_labels=4)
+    return _train(lambda: small_cnn(1, 4, width=8), MultiLabel(), multilabel_blobs, 256, 32, 15, 1e-2, num_labels=4)
 
 
 @pytest.fixture(scope="session")
 def trained_seg3d():
     """MONAI UNet, 3 classes, 1 channel, 16^3 volumes (Segmentation, 3-D)."""
-    return _train(small_unet(1, 3, ndim=3, channels=(8, 16)), Segmentation(3), segmentation_blobs,
+    return _train(lambda: small_unet(1, 3, ndim=3, channels=(8, 16)), Segmentation(3), segmentation_blobs,
                   32, 4, 40, 2e-2, batch_size=8, num_classes=3, size=16, ndim=3)
 
 
 @pytest.fixture(scope="session")
 def trained_seg2d():
     """MONAI UNet, 3 classes, 2 channels, 32x32 images (Segmentation, 2-D)."""
-    return _train(small_unet(2, 3, ndim=2, channels=(8, 16)), Segmentation(3), segmentation_blobs,
+    return _train(lambda: small_unet(2, 3, ndim=2, channels=(8, 16)), Segmentation(3), segmentation_blobs,
                   48, 8, 15, 1e-2, num_classes=3, size=32, ndim=2, channels=2)

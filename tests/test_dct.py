@@ -7,8 +7,7 @@ import pytest
 import scipy.fft
 import torch
 
-from medadv.dct import (block_dct, block_idct, dct, dct_matrix, from_blocks, idct, pad_to_multiple,
-                        to_blocks)
+from medadv.dct import block_dct, block_idct, dct, dct_matrix, from_blocks, idct, pad_to_multiple, to_blocks
 
 
 @pytest.mark.parametrize("b", [4, 8, 32])

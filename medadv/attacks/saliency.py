@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from ..explain import Explanation, beta_schedule, set_softplus_beta, softplus_surrogate
-from ..explain.base import ClassScores
+from ..explain.base import ClassScores, as_target
 from ..metrics.saliency import compare_maps
 from ..tasks import MultiClass, Segmentation, Task
 from ..threats import Threat
@@ -149,8 +149,6 @@ class SaliencyAttack(Attack):
         n = logits.shape[0]
         scores = ClassScores(nn.Identity())(logits)
         if self.label is not None:
-            from ..explain.base import as_target
-
             return as_target(self.label, n, logits.device, scores.shape[1])
         if isinstance(self.task, MultiClass):
             return y.long()

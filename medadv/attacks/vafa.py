@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -31,7 +32,17 @@ from ..tasks import Segmentation, Task
 from ..threats import Bounds, Linf
 from .base import Attack, register
 
-__all__ = ["VAFA", "VAFA2D", "soft_round"]
+__all__ = ["VAFA", "VAFA2D", "soft_round", "soft_quantize"]
+
+
+def _soft_round_parts(z: Tensor, alpha: float) -> tuple[Tensor, Tensor, float]:
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"`alpha` must be in (0, 1), got {alpha}")
+    kappa = math.log(2.0 / alpha - 1.0)
+    s = 1.0 / (1.0 - alpha)
+    fl = torch.floor(z)
+    th = torch.tanh(kappa * (z - fl - 0.5))
+    return fl + 0.5 * (1.0 + s * th), th, 0.5 * s * kappa
 
 
 def soft_round(z: Tensor, alpha: float) -> Tensor:
@@ -39,12 +50,34 @@ def soft_round(z: Tensor, alpha: float) -> Tensor:
 
     ``φ_α(z) = ⌊z⌋ + ½ [1 + s · tanh(κ (z − ⌊z⌋ − ½))]`` with ``κ = ln(2/α − 1)``, ``s = 1/(1 − α)``.
     """
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"`alpha` must be in (0, 1), got {alpha}")
-    kappa = math.log(2.0 / alpha - 1.0)
-    s = 1.0 / (1.0 - alpha)
-    fl = torch.floor(z)
-    return fl + 0.5 * (1.0 + s * torch.tanh(kappa * (z - fl - 0.5)))
+    return _soft_round_parts(z, alpha)[0]
+
+
+class _SoftQuantize(torch.autograd.Function):
+    """``q · φ_α(c / q)`` with a hand-written backward to ``q`` (c is constant).
+
+    d/dq [q φ(c/q)] = φ(z) − z φ'(z), z = c/q, φ'(z) = ½ s κ (1 − tanh²): one elementwise expression
+    instead of the ~10 saved intermediates autograd would keep for the composed ops (VAFA's step is
+    memory-bound elementwise work around the model).
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, c: Tensor, alpha: float) -> Tensor:  # type: ignore[override]
+        z = c / q
+        phi, th, scale = _soft_round_parts(z, alpha)
+        ctx.save_for_backward(z, phi, th)
+        ctx.scale = scale
+        return q * phi
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        z, phi, th = ctx.saved_tensors
+        return grad * (phi - z * ctx.scale * (1.0 - th * th)), None, None
+
+
+def soft_quantize(q: Tensor, coeffs: Tensor, alpha: float) -> Tensor:
+    """Differentiable quantise/dequantise ``q ⊙ φ_α(coeffs ⊘ q)`` (gradient to ``q`` only)."""
+    return _SoftQuantize.apply(q, coeffs.detach(), float(alpha))
 
 
 class _FrequencyAttack(Attack):
@@ -137,17 +170,37 @@ class _FrequencyAttack(Attack):
         s = ssim(a, b, data_range=1.0, win_size=self.ssim_window, nonnegative=True)
         return 1.0 - s.reshape(n, -1).mean(dim=1)
 
-    def perturb(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor):
+    def _setup(self, x: Tensor) -> dict[str, Any]:
+        """Per-call constants: the clean block coefficients do not depend on q (one DCT per call)."""
         self._range.check_inside(x, "x")
         lo, hi = self._lohi(x)
         u = (x - lo) / (hi - lo)  # [0, 1]
         folded = self._fold(u)
-        spatial = folded.shape[2:]
-        # the clean coefficients do not depend on q: one DCT per call, not per step
         coeffs = dct_blocks(to_blocks(pad_to_multiple(255.0 * folded - 128.0, self.block), self.block),
                             self.block_ndim).detach()
-        padded = pad_to_multiple(folded, self.block).shape[2:]
-        q = torch.full_like(coeffs, self.q_max)  # fresh per call: no state between calls
+        return {"lo": lo, "hi": hi, "u": u, "coeffs": coeffs, "spatial": folded.shape[2:],
+                "padded": pad_to_multiple(folded, self.block).shape[2:]}
+
+    def _objective(self, model: nn.Module, q: Tensor, ctx: dict[str, Any], y: Tensor,
+                   alpha: float) -> tuple[Tensor, Tensor, Tensor]:
+        """``(J, loss, x_adv)`` for tables ``q``: J (minimised) and the task loss per sample ``(N,)``."""
+        rec = soft_quantize(q, ctx["coeffs"], alpha)
+        grey = crop(from_blocks(idct_blocks(rec, self.block_ndim), ctx["padded"]), ctx["spatial"]) + 128.0
+        u_adv = self._renorm(self._unfold(grey, ctx["u"]))
+        x_adv = ctx["lo"] + (ctx["hi"] - ctx["lo"]) * u_adv
+        loss = self.task.loss(model(x_adv), y)
+        obj = loss if self.targeted else -loss
+        if self.use_ssim:
+            obj = obj + self._ssim_term(ctx["u"], u_adv)
+        return obj, loss, x_adv
+
+    def _step(self, q: Tensor, g: Tensor) -> Tensor:
+        """Signed descent on J in quantisation units, projected onto ``[q_min, q_max]``."""
+        return (q - self.q_step * g.sign()).clamp(self.q_min, self.q_max)
+
+    def perturb(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor):
+        ctx = self._setup(x)
+        q = torch.full_like(ctx["coeffs"], self.q_max)  # fresh per call: no state between calls
         alphas = [self.alpha_start + t * (self.alpha_end - self.alpha_start) / self.steps for t in range(self.steps)]
         losses = []
         x_adv = x
@@ -155,18 +208,11 @@ class _FrequencyAttack(Attack):
         for alpha in alphas:
             with torch.enable_grad():
                 q.requires_grad_(True)
-                rec = q * soft_round(coeffs / q, alpha)
-                grey = crop(from_blocks(idct_blocks(rec, self.block_ndim), padded), spatial) + 128.0
-                u_adv = self._renorm(self._unfold(grey, u))
-                x_adv = lo + (hi - lo) * u_adv
-                loss = self.task.loss(model(x_adv), y)
-                obj = loss if self.targeted else -loss  # J, minimised
-                if self.use_ssim:
-                    obj = obj + self._ssim_term(u, u_adv)
+                obj, loss, x_adv = self._objective(model, q, ctx, y, alpha)
                 (g,) = torch.autograd.grad(obj.sum(), q)
             losses.append(loss.detach())
             q_used = q.detach()
-            q = (q_used - self.q_step * g.sign()).clamp(self.q_min, self.q_max)
+            q = self._step(q_used, g)
         x_adv = self._range.clip(x_adv.detach())
         extras = {
             # the tables that produced x_adv (the last update is never applied, as in the reference code)

@@ -89,8 +89,6 @@ class Explanation(ABC):
     """
 
     name: str = "explanation"
-    #: the raw attribution has the input's channel axis (summed away by the post-processing)
-    has_channels: bool = True
 
     @abstractmethod
     def attribute(self, model: nn.Module, x: Tensor, target: Tensor, *, create_graph: bool = False) -> Tensor:

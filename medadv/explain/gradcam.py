@@ -43,7 +43,6 @@ class GradCAM(Explanation):
     """
 
     name = "gradcam"
-    has_channels = True
 
     def __init__(self, layer: str, attribute_to_layer_input: bool = False) -> None:
         if not isinstance(layer, str) or not layer:

@@ -25,7 +25,9 @@ class SmoothGrad(Explanation):
         sigma: noise standard deviation in data units (default 0.03, i.e. 3% of a [0, 1] range).
         seed: noise seed. With a seed every call uses the same noise, so the map is a deterministic
             function of ``x`` (reproducible evaluation, exact finite-difference checks). ``None`` draws
-            fresh noise from the global RNG on every call (the reference code's behaviour).
+            fresh noise from the global RNG on every call (the reference code's behaviour, an
+            expectation-over-noise attack). With a seed, an attack and its evaluation see the same noise
+            draw; evaluate with another seed for a stricter test.
     """
 
     name = "smoothgrad"

@@ -12,6 +12,7 @@ printed). Always report the raw clean and adversarial scores next to an ASR.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -56,7 +57,11 @@ def _hd95_filled(pred: Tensor, y: Tensor, num_classes: int, spacing: float | Seq
     Without the fill such a case is NaN and silently drops out of the mean, which would make an attack
     that erases an organ look harmless in ASR-H (spec 003, ambiguity 4).
     """
-    hd = hd95_per_class(pred, y, num_classes, spacing)
+    with warnings.catch_warnings():
+        # MONAI warns that an empty class gives inf/nan: handled just below
+        warnings.filterwarnings("ignore", message=".*is all 0, this may result in nan/inf distance")
+        warnings.filterwarnings("ignore", message=".*always_return_as_numpy", category=FutureWarning)
+        hd = hd95_per_class(pred, y, num_classes, spacing)
     ndim = y.ndim - 1
     sp = [1.0] * ndim if spacing is None else (
         [float(spacing)] * ndim if isinstance(spacing, (int, float)) else [float(s) for s in spacing])

@@ -183,11 +183,12 @@ def map_jsd(a: Tensor, b: Tensor) -> Tensor:
     return jsd(dist(a), dist(b))
 
 
-def prediction_jsd(task: Task, logits_a: Tensor, logits_b: Tensor, label: int | None = None) -> Tensor:
+def prediction_jsd(task: Task, logits_a: Tensor, logits_b: Tensor, label: int | Tensor | None = None) -> Tensor:
     """JSD between the predictive distributions of two outputs, ``(N,)``.
 
-    Multi-class: the softmax vectors. Multi-label: the Bernoulli ``[p, 1 − p]`` of ``label`` (Zhang et al.'s
-    binary JSD), or the mean over labels when ``label`` is None. Segmentation: mean over voxels.
+    Multi-class: the softmax vectors. Multi-label: the Bernoulli ``[p, 1 − p]`` of ``label`` (an int, or one
+    label per sample ``(N,)``; Zhang et al.'s binary JSD), or the mean over labels when ``label`` is None.
+    Segmentation: mean over voxels.
     """
     if logits_a.shape != logits_b.shape:
         raise ValueError(f"logits must have the same shape, got {tuple(logits_a.shape)} and {tuple(logits_b.shape)}")
@@ -197,7 +198,11 @@ def prediction_jsd(task: Task, logits_a: Tensor, logits_b: Tensor, label: int | 
     if label is not None:
         if pa.ndim != 3:
             raise ValueError("`label` applies to multi-label outputs (N, L) only")
-        pa, pb = pa[:, :, label], pb[:, :, label]
+        if isinstance(label, Tensor):
+            idx = label.to(device=pa.device, dtype=torch.long).reshape(-1, 1, 1).expand(-1, 2, 1)
+            pa, pb = pa.gather(2, idx)[..., 0], pb.gather(2, idx)[..., 0]
+        else:
+            pa, pb = pa[:, :, label], pb[:, :, label]
     d = jsd(pa, pb, dim=1)
     return d.flatten(1).mean(dim=1) if d.ndim > 1 else d
 

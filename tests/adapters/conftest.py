@@ -27,4 +27,4 @@ def to_hu(x: torch.Tensor) -> torch.Tensor:
 @pytest.fixture
 def hu():
     """(wrap, to_hu, bounds) for attacking a [0, 1]-trained model in HU."""
-    return HUModel, to_hu, HU
+    return lambda model: HUModel(model).eval(), to_hu, HU

@@ -7,7 +7,7 @@ import pytest
 import scipy.ndimage as ndi
 import torch
 
-from medadv.attacks.dag import DAG, dag_target_a, dag_target_b, dag_target_c
+from medadv.attacks.dag import DAG, calibrate_gamma, dag_target_a, dag_target_b, dag_target_c
 from medadv.tasks import MultiClass, Segmentation
 from medadv.threats import Linf
 
@@ -124,3 +124,13 @@ def test_dag_bad_input(trained_seg3d):
         DAG(task)(m, x, y, target_mask=torch.ones(1, 2, 2, dtype=torch.bool))
     with pytest.raises(ValueError, match="out of range"):
         DAG(Segmentation(3))(m, x, y + 5)
+
+
+def test_calibrate_gamma_hits_the_reported_mse(trained_seg3d):
+    m, task, x, y = trained_seg3d.model, trained_seg3d.task, trained_seg3d.x[:2], trained_seg3d.y[:2]
+    ya, mask = dag_target_a(y)
+    gamma, res = calibrate_gamma(m, task, x, ya, mask, target_mse=0.002, iters=5, max_iter=30)
+    assert 1e-4 < gamma < 0.05
+    assert abs(float(res.extras["mse"].mean()) - 0.002) < 0.001
+    with pytest.raises(ValueError, match="target_mse"):
+        calibrate_gamma(m, task, x, ya, target_mse=0)

@@ -58,10 +58,13 @@ def test_seed_none_uses_global_rng(trained_multiclass):
 class _BNNet(nn.Module):
     """A net whose state an attack could easily disturb: batch norm statistics, dropout, mixed flags."""
 
-    def __init__(self, out: int = 3):
+    def __init__(self, out: int = 3, dense: bool = False):
         super().__init__()
         self.features = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Dropout(0.5))
-        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, out))
+        if dense:
+            self.head = nn.Sequential(nn.Identity(), nn.Identity(), nn.Conv2d(4, out, 1))
+        else:
+            self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, out))
 
     def forward(self, x):
         return self.head(self.features(x))
@@ -88,11 +91,11 @@ def _assert_same_snapshot(a, b):
 
 
 @pytest.mark.parametrize("cls", ATTACKS)
-@pytest.mark.parametrize("task", [MultiClass(), MultiLabel()], ids=["multiclass", "multilabel"])
+@pytest.mark.parametrize("task", [MultiClass(), MultiLabel(), Segmentation(3)], ids=["multiclass", "multilabel", "seg"])
 @pytest.mark.parametrize("active_set", [False, True])
 def test_model_and_caller_state_untouched(cls, task, active_set):
     torch.manual_seed(0)
-    model = _BNNet(3)
+    model = _BNNet(3, dense=isinstance(task, Segmentation))
     model.train()
     model.head.eval()  # mixed modes must come back exactly as they were
     model.features[0].bias.requires_grad_(False)  # mixed flags too
@@ -101,7 +104,11 @@ def test_model_and_caller_state_untouched(cls, task, active_set):
     before = _snapshot(model)
 
     x = torch.rand(4, 2, 6, 6, requires_grad=True)
-    y = torch.tensor([0, 1, 2, 0]) if isinstance(task, MultiClass) else (torch.rand(4, 3) > 0.5).float()
+    y = {
+        MultiClass: lambda: torch.tensor([0, 1, 2, 0]),
+        MultiLabel: lambda: (torch.rand(4, 3) > 0.5).float(),
+        Segmentation: lambda: torch.randint(0, 3, (4, 6, 6)),
+    }[type(task)]()
     x_copy, y_copy, xv, yv = x.detach().clone(), y.clone(), x._version, y._version
     kw = {"steps": 3, "restarts": 2, "active_set": active_set}
     res = _make(cls, task, Linf(0.2, bounds=(0, 1)), **kw)(model, x, y)

@@ -9,14 +9,26 @@ from medadv.attacks.base import get_attack
 from medadv.attacks.relevance import SaliencyRelevance
 from medadv.attacks.resistance import RESISTANCE_STEPS, SaliencyResistance
 from medadv.attacks.saliency import square_target
+from medadv.data.synthetic import multilabel_blobs
 from medadv.explain import GradCAM, Gradient, IntegratedGradients, SmoothGrad
 from medadv.metrics.saliency import map_ssim
+from medadv.models import fit_supervised, small_cnn
+from medadv.tasks import MultiLabel
 from medadv.threats import L2, Linf
 
 
 @pytest.fixture(scope="module")
-def ml(trained_multilabel):
-    return trained_multilabel.model, trained_multilabel.task, trained_multilabel.x[:8], trained_multilabel.y[:8]
+def ml():
+    """The conftest multi-label recipe, seeded *before* the model is built.
+
+    (conftest's ``trained_multilabel`` builds its model before seeding, so its weights depend on which
+    tests ran first; thresholds below need one fixed model.)
+    """
+    torch.manual_seed(0)
+    model = small_cnn(1, 4, width=8)
+    x, y = multilabel_blobs(n=288, seed=0, num_labels=4)
+    fit_supervised(model, MultiLabel(), x[:256], y[:256], epochs=15, lr=1e-2, batch_size=16)
+    return model.eval(), MultiLabel(), x[256:264], y[256:264]
 
 
 @pytest.mark.parametrize("goal", ["target", "topk", "center"])
@@ -24,7 +36,7 @@ def test_relevance_lowers_map_ssim_and_keeps_prediction(ml, goal):
     model, task, x, _ = ml
     threat = Linf(0.06, bounds=(0.0, 1.0))
     x0, state = x.clone(), {k: v.clone() for k, v in model.state_dict().items()}
-    res = SaliencyRelevance(task, threat, Gradient(), goal=goal, steps=60, lr=2e-3, max_prob_change=0.05)(model, x)
+    res = SaliencyRelevance(task, threat, Gradient(), goal=goal, k=25, steps=60, lr=2e-3, max_prob_change=0.05)(model, x)
     sim = res.extras["similarity"]
     assert sim["ssim"].mean() < 0.8  # clean map vs itself is 1.0
     assert res.extras["admissible"].all()
@@ -128,3 +140,16 @@ def test_bad_arguments(ml):
         SaliencyRelevance(task, th, Gradient(), steps=1)(model, x[:1] + 2.0)
     with pytest.raises(ValueError, match="target"):
         SaliencyRelevance(task, th, Gradient(), steps=1, label=9)(model, x[:1])
+
+
+def test_figure_of_an_attack(ml, tmp_path):
+    from medadv.report.saliency_figures import plot_saliency_attack
+
+    model, task, x, _ = ml
+    res = SaliencyRelevance(task, Linf(0.03, bounds=(0.0, 1.0)), Gradient(), steps=2, lr=1e-3)(model, x[:2])
+    fig = plot_saliency_attack(x[:2], res.x_adv, res.extras["map"], res.extras["map_adv"],
+                               target_map=res.extras["target_map"], path=tmp_path / "f" / "rel.png")
+    assert (tmp_path / "f" / "rel.png").stat().st_size > 1000
+    assert len(fig.axes) == 2 * 5
+    with pytest.raises(ValueError, match="matching"):
+        plot_saliency_attack(x[:2], res.x_adv[:1], res.extras["map"], res.extras["map_adv"])

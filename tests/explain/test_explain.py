@@ -171,3 +171,16 @@ def test_bad_inputs_raise():
         GradCAM("nope")(net, x, 0)
     with pytest.raises(ValueError, match="n_steps"):
         IntegratedGradients(n_steps=0)
+
+
+def test_gradcam_3d_per_class_maps_on_monai_unet(trained_seg3d):
+    """Per-class Grad-CAM maps of a 3-D MONAI segmenter, differentiable through its PReLU surrogate."""
+    t = trained_seg3d
+    cam = GradCAM("model.1.submodule")
+    maps = class_maps(cam, t.model, t.x[:1], classes=[1, 2])
+    assert maps.shape == (1, 2, 16, 16, 16)
+    assert not torch.allclose(maps[:, 0], maps[:, 1])
+    smooth = softplus_surrogate(t.model, beta=10.0)
+    x = t.x[:1].clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(cam.compute(smooth, x, torch.tensor([1]), create_graph=True).pow(2).sum(), x)
+    assert torch.isfinite(g).all() and g.abs().max() > 0

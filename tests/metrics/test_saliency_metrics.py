@@ -106,6 +106,8 @@ def test_prediction_jsd_multilabel_and_multiclass():
     ref = jsd(torch.stack([p, 1 - p]), torch.stack([q, 1 - q]))
     assert prediction_jsd(MultiLabel(), la, lb, label=1).item() == pytest.approx(ref.item(), abs=1e-7)
     assert prediction_jsd(MultiLabel(), la, lb, label=0).item() == pytest.approx(0.0, abs=1e-9)
+    per_sample = prediction_jsd(MultiLabel(), torch.cat([la, la]), torch.cat([lb, lb]), label=torch.tensor([1, 0]))
+    torch.testing.assert_close(per_sample, torch.stack([ref, torch.tensor(0.0)]).float(), atol=1e-7, rtol=0)
     mc = prediction_jsd(MultiClass(), la, lb)
     assert mc.item() == pytest.approx(jsd(la.softmax(1), lb.softmax(1)).item(), abs=1e-7)
 

@@ -1,0 +1,34 @@
+"""The README's toolkit examples run as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+BEGIN, END = "<!-- adapters:begin -->", "<!-- adapters:end -->"
+
+
+def _blocks() -> list[str]:
+    readme = ROOT / "README.md"
+    text = readme.read_text() if readme.is_file() else ""
+    if BEGIN in text and END in text:
+        text = text[text.index(BEGIN) : text.index(END)]
+    else:
+        text = (ROOT / "docs" / "adapters.md").read_text()
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+def test_every_toolkit_has_an_example():
+    code = "\n".join(_blocks())
+    for toolkit in ("art", "foolbox", "torchattacks", "robustbench"):
+        assert re.search(rf"medadv\.adapters(\.| import ){toolkit}\b", code), toolkit
+
+
+@pytest.mark.parametrize("index", range(len(_blocks())))
+def test_example_runs(index):
+    torch.manual_seed(0)
+    exec(compile(_blocks()[index], f"adapters-example-{index}", "exec"), {"__name__": "__example__"})

@@ -1,0 +1,107 @@
+"""RobustBench offline loading (RobustBench's own loader) and AutoAttack as a medadv attack."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from medadv.adapters import robustbench as mrb
+
+from medadv.attacks.autoattack import AutoAttack
+from medadv.attacks.base import get_attack
+from medadv.attacks.fgsm import FGSM
+from medadv.attacks.pgd import PGD
+from medadv.tasks import MultiClass, MultiLabel
+from medadv.threats import L2, Linf
+
+ZOO = "Ding2020MMA"  # WRN-28-4 (5.8 M parameters), small enough for a test
+
+
+def test_missing_checkpoint_names_the_exact_file_and_downloads_nothing(tmp_path, monkeypatch):
+    mrb.import_robustbench()
+    import robustbench.utils
+
+    def no_download(*a, **k):
+        raise AssertionError("RobustBench tried to download")
+
+    monkeypatch.setattr(robustbench.utils, "download_gdrive_new", no_download)
+    expected = tmp_path / "cifar10" / "Linf" / f"{ZOO}.pt"
+    with pytest.raises(FileNotFoundError) as err:
+        mrb.load_zoo_model(ZOO, tmp_path)
+    assert str(expected.resolve()) in str(err.value) and str(expected.parent.resolve()) in str(err.value)
+    assert not (tmp_path / "cifar10").exists()  # no side effects either
+    assert mrb.zoo_checkpoint_paths(ZOO, tmp_path) == [expected]
+
+
+def test_local_checkpoint_loads_through_robustbench_load_model(tmp_path, monkeypatch):
+    mrb.import_robustbench()
+    import robustbench.utils
+
+    calls = []
+    real = robustbench.utils.load_model
+    monkeypatch.setattr(robustbench.utils, "load_model", lambda *a, **k: calls.append(k) or real(*a, **k))
+    torch.manual_seed(0)
+    net = mrb.build_zoo_architecture(ZOO).eval()
+    path = mrb.save_zoo_checkpoint(net, ZOO, tmp_path)
+    assert path == tmp_path / "cifar10" / "Linf" / f"{ZOO}.pt"
+    torch.load(path, weights_only=True)  # a plain tensor state dict
+    zoo = mrb.load_zoo_model(ZOO, tmp_path)
+    assert len(calls) == 1  # RobustBench's own loading code did the work
+    assert isinstance(zoo.task, MultiClass) and zoo.bounds == (0.0, 1.0) and zoo.num_classes == 10
+    assert not zoo.model.training
+    x = torch.rand(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(zoo.model(x), net(x))
+    # the zoo model is an ordinary medadv target
+    result = FGSM(zoo.task, Linf(8 / 255, bounds=zoo.bounds))(zoo.model, x)
+    assert result.linf.max() <= 8 / 255 + 1e-6 and result.x_adv.min() >= 0 and result.x_adv.max() <= 1
+
+
+def test_bad_names_are_rejected(tmp_path):
+    with pytest.raises(ValueError, match="not a RobustBench"):
+        mrb.load_zoo_model("NoSuchModel2099", tmp_path)
+    with pytest.raises(ValueError, match="dataset"):
+        mrb.load_zoo_model(ZOO, tmp_path, dataset="chestxray")
+    with pytest.raises(ValueError, match="threat_model"):
+        mrb.load_zoo_model(ZOO, tmp_path, threat_model="L1")
+
+
+# --- AutoAttack ------------------------------------------------------------------------------------------
+def test_autoattack_fools_trained_multiclass_in_unit_range(trained_multiclass):
+    t = trained_multiclass
+    clean = (t.model(t.x).argmax(1) == t.y).float().mean()
+    atk = get_attack("autoattack", t.task, Linf(0.1, bounds=(0.0, 1.0)), version="custom", attacks=["apgd-ce"])
+    assert isinstance(atk, AutoAttack)
+    r = atk(t.model, t.x, t.y)
+    assert r.x_adv.shape == t.x.shape and r.linf.max() <= 0.1 + 1e-6
+    assert r.x_adv.min() >= 0 and r.x_adv.max() <= 1
+    robust = 1 - r.fooled.float().mean()
+    pgd = PGD(t.task, Linf(0.1, bounds=(0.0, 1.0)), steps=20)(t.model, t.x, t.y)
+    assert robust <= 1 - pgd.fooled.float().mean()  # the ensemble is at least as strong as PGD-20
+    assert robust < clean - 0.2
+
+
+def test_autoattack_in_hounsfield_units_l2(trained_multiclass, hu):
+    wrap, to_hu, bounds = hu
+    t = trained_multiclass
+    model = wrap(t.model)
+    x = to_hu(t.x)
+    eps = 1.0 * (bounds[1] - bounds[0])  # L2 radius in HU
+    r = AutoAttack(t.task, L2(eps, bounds=bounds), version="custom", attacks=["apgd-ce"])(model, x, t.y)
+    assert r.l2.max() <= eps * (1 + 1e-5)
+    assert r.x_adv.min() >= bounds[0] and r.x_adv.max() <= bounds[1] and r.x_adv.min() < -500
+    assert r.fooled.float().mean() > 0.5
+    # samples AutoAttack could not fool come back bit-exact despite the round trip through its unit box
+    assert torch.equal(r.x_adv[~r.fooled], x[~r.fooled])
+
+
+def test_autoattack_rejects_what_it_cannot_do(trained_multiclass):
+    with pytest.raises(TypeError, match="MultiClass"):
+        AutoAttack(MultiLabel(), Linf(0.1, bounds=(0.0, 1.0)))
+    with pytest.raises(ValueError, match="bounds"):
+        AutoAttack(MultiClass(), Linf(0.1, bounds=None))
+    with pytest.raises(ValueError, match="untargeted"):
+        AutoAttack(MultiClass(), Linf(0.1, bounds=(0.0, 1.0)), targeted=True)
+    with pytest.raises(ValueError, match="attacks"):
+        AutoAttack(MultiClass(), Linf(0.1, bounds=(0.0, 1.0)), version="custom")
+    with pytest.raises(ValueError, match="attacks"):
+        AutoAttack(MultiClass(), Linf(0.1, bounds=(0.0, 1.0)), version="custom", attacks=["pgd"])

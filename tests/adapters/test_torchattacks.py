@@ -1,0 +1,182 @@
+"""torchattacks in both directions: its own attacks on medical models, medadv attacks as torchattacks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torchattacks
+from medadv.adapters.torchattacks import MedadvAttack, TorchattacksModel
+
+from medadv.attacks.pgd import PGD
+from medadv.models import small_unet
+from medadv.tasks import MultiClass, Segmentation
+from medadv.threats import Linf
+
+EPS = 0.1
+
+
+def test_cross_entropy_view_is_exactly_the_task_loss(trained_multilabel, trained_seg3d):
+    for t in (trained_multilabel, trained_seg3d):
+        w = TorchattacksModel(t.model, t.task, bounds=(0.0, 1.0))
+        with torch.no_grad():
+            ce = F.cross_entropy(w(w.encode(t.x)), w.labels(t.y))
+            ref = t.task.loss(t.model(t.x), t.task.to_target(t.y, t.x)).mean()
+        assert torch.allclose(ce, ref, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["FGSM", "PGD", "BIM", "MIFGSM"])
+def test_multilabel_in_hu_own_attacks(trained_multilabel, hu, name):
+    wrap, to_hu, bounds = hu
+    t = trained_multilabel
+    model = wrap(t.model)
+    x = to_hu(t.x)
+    w = TorchattacksModel(model, t.task, bounds=bounds)
+    eps = EPS * (bounds[1] - bounds[0])  # 409.5 HU
+    kw = {} if name == "FGSM" else {"alpha": w.unit_eps(eps / 4), "steps": 10}
+    atk = getattr(torchattacks, name)(w, eps=w.unit_eps(eps), **kw)
+    x_adv = w.attack(atk, x, t.y)
+    assert x_adv.shape == x.shape and x_adv.dtype == x.dtype and x_adv.device == x.device
+    assert (x_adv - x).abs().max() <= eps * (1 + 1e-5)
+    assert x_adv.min() >= bounds[0] and x_adv.max() <= bounds[1]
+    assert x_adv.min() < -500 and x_adv.max() > 1.5  # HU kept, not clamped to [0, 1]
+    clean = t.task.metrics(model(x), t.y)["label_accuracy"].mean()
+    adv = t.task.metrics(model(x_adv), t.y)["label_accuracy"].mean()
+    assert adv < clean - 0.15
+
+
+def test_multilabel_targeted_by_label(trained_multilabel):
+    t = trained_multilabel
+    w = TorchattacksModel(t.model, t.task, bounds=(0.0, 1.0))
+    target = 1 - t.y
+    atk = torchattacks.PGD(w, eps=0.3, alpha=0.05, steps=20)
+    atk.set_mode_targeted_by_label(quiet=True)
+    x_adv = w.attack(atk, t.x, target)
+    before = t.task.element_correct(t.model(t.x), target).float().mean()
+    after = t.task.element_correct(t.model(x_adv), target).float().mean()
+    assert after > before + 0.3
+
+
+def test_segmentation_3d_hu_and_multichannel_normalisation(trained_seg3d, hu):
+    wrap, to_hu, bounds = hu
+    t = trained_seg3d
+    model = wrap(t.model)
+    x = to_hu(t.x)
+    w = TorchattacksModel(model, t.task, bounds=bounds)
+    eps = 0.15 * (bounds[1] - bounds[0])
+    for atk in (torchattacks.PGD(w, eps=w.unit_eps(eps), alpha=w.unit_eps(eps / 4), steps=6),
+                torchattacks.FGSM(w, eps=w.unit_eps(eps))):
+        x_adv = w.attack(atk, x, t.y)
+        assert (x_adv - x).abs().max() <= eps * (1 + 1e-5) and x_adv.min() >= bounds[0]
+        clean = t.task.metrics(model(x), t.y)["mean_dice"].mean()
+        assert t.task.metrics(model(x_adv), t.y)["mean_dice"].mean() < clean - 0.1, type(atk).__name__
+    # two-channel 3-D volume (e.g. CT + PET) with per-channel normalisation: torchattacks' own
+    # set_normalization_used cannot do this (it reshapes to (1, C, 1, 1))
+    torch.manual_seed(0)
+    net = small_unet(2, 3, ndim=3, channels=(8, 16)).eval()
+    mean, std = torch.tensor([40.0, 2.0]), torch.tensor([400.0, 3.0])
+    w2 = TorchattacksModel(net, Segmentation(3), bounds=(torch.tensor([-1024.0, 0.0]).reshape(2, 1, 1, 1),
+                                                         torch.tensor([3071.0, 30.0]).reshape(2, 1, 1, 1)),
+                           mean=mean, std=std)
+    x2 = torch.stack((to_hu(t.x[:2, 0]), 30 * t.x[:2, 0]), dim=1)
+    with torch.no_grad():
+        ref = net((x2 - mean.reshape(1, 2, 1, 1, 1)) / std.reshape(1, 2, 1, 1, 1))
+        assert torch.allclose(w2(w2.encode(x2)), ref, atol=1e-4)
+
+
+def test_apgd_on_multiclass_in_hu(trained_multiclass, hu):
+    wrap, to_hu, bounds = hu
+    t = trained_multiclass
+    model = wrap(t.model)
+    x = to_hu(t.x)
+    w = TorchattacksModel(model, MultiClass(), bounds=bounds)
+    eps = EPS * (bounds[1] - bounds[0])
+    atk = torchattacks.APGD(w, eps=w.unit_eps(eps), steps=10, n_restarts=1)
+    x_adv = w.attack(atk, x, t.y)
+    assert (x_adv - x).abs().max() <= eps * (1 + 1e-5)
+    clean = (model(x).argmax(1) == t.y).float().mean()
+    assert (model(x_adv).argmax(1) == t.y).float().mean() < clean - 0.2
+
+
+# --- medadv attacks as torchattacks attacks ----------------------------------------------------------------
+def test_medadv_attack_as_torchattacks_matches_medadv(trained_multilabel):
+    t = trained_multilabel
+    pgd = PGD(t.task, Linf(EPS, bounds=(0.0, 1.0)), steps=5, seed=3)
+    atk = MedadvAttack(pgd, t.model)
+    assert isinstance(atk, torchattacks.attack.Attack)
+    x_adv = atk(t.x, t.y)
+    assert torch.equal(x_adv, pgd(t.model, t.x, t.y).x_adv)  # same seed, same tensor
+    assert (x_adv - t.x).abs().max() <= EPS + 1e-6
+    assert t.task.metrics(t.model(x_adv), t.y)["label_accuracy"].mean() < 0.8
+
+
+class _Standardise(torch.nn.Module):
+    def __init__(self, m, s):
+        super().__init__()
+        self.m, self.s = m, s
+
+    def forward(self, x):
+        return (x - self.m) / self.s
+
+
+def test_medadv_attack_normalisation_multichannel_3d(trained_seg3d):
+    t = trained_seg3d
+    torch.manual_seed(0)
+    net = small_unet(2, 3, ndim=3, channels=(8, 16)).eval()
+    x = torch.cat((t.x, t.x.flip(-1)), dim=1)  # two channels
+    with torch.no_grad():
+        y = net(x).argmax(1)  # any label map will do
+    attack = PGD(Segmentation(3), Linf(EPS, bounds=(0.0, 1.0)), steps=5)
+    mean, std = [0.5, 0.4], [0.2, 0.3]
+    m, s = torch.tensor(mean).reshape(1, 2, 1, 1, 1), torch.tensor(std).reshape(1, 2, 1, 1, 1)
+    # reference: the same attack on a model with the normalisation built in, fed data units
+    plain = attack(torch.nn.Sequential(_Standardise(m, s), net).eval(), x, y).x_adv
+    # torchattacks' convention: normalised inputs in, normalised outputs out, any rank and channel count
+    atk = MedadvAttack(attack, net)
+    atk.set_normalization_used(mean, std)
+    normed = atk((x - m) / s, y)
+    # the same attack up to round-off (a sign step can flip where the gradient is ~0)
+    assert ((normed * s + m - plain).abs() < 1e-5).float().mean() > 0.99
+
+
+def test_medadv_attack_targeted_and_save_on_trained_segmenter(trained_seg2d, tmp_path):
+    t = trained_seg2d
+    mean, std = [0.5, 0.4], [0.2, 0.3]
+    m, s = torch.tensor(mean).reshape(1, 2, 1, 1), torch.tensor(std).reshape(1, 2, 1, 1)
+    # a network fed normalised inputs (what set_normalization_used assumes): undo them for the [0, 1] UNet
+    net = torch.nn.Sequential(_Standardise(-m / s, 1 / s), t.model).eval()
+    atk = MedadvAttack(PGD(t.task, Linf(0.3, bounds=(0.0, 1.0)), steps=10), net)
+    atk.set_normalization_used(mean, std)
+    atk.set_mode_targeted_by_label(quiet=True)
+    target = torch.zeros_like(t.y)  # erase every structure
+    adv = atk((t.x - m) / s, target) * s + m
+    assert (adv - t.x).abs().max() <= 0.3 + 1e-5 and adv.min() >= -1e-6 and adv.max() <= 1 + 1e-6
+    organ = t.y > 0
+    with torch.no_grad():
+        before = (t.model(t.x).argmax(1) == target)[organ].float().mean()
+        after = (t.model(adv).argmax(1) == target)[organ].float().mean()
+    assert after > before + 0.15
+    atk.set_mode_default()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset((t.x - m) / s, t.y), batch_size=4)
+    atk.save(loader, save_path=str(tmp_path / "adv.pt"), verbose=False)
+    saved = torch.load(tmp_path / "adv.pt", weights_only=True)
+    assert saved["adv_inputs"].shape == t.x.shape  # saved in data units (torchattacks inverse-normalises)
+    assert (saved["adv_inputs"] - t.x).abs().max() <= 0.3 + 1e-5
+    with torch.no_grad():
+        dice = t.task.metrics(t.model(saved["adv_inputs"]), t.y)["mean_dice"].mean()
+        assert dice < t.task.metrics(t.model(t.x), t.y)["mean_dice"].mean() - 0.1
+
+
+def test_bad_input(trained_multilabel, hu):
+    t = trained_multilabel
+    with pytest.raises(TypeError, match="medadv Attack"):
+        MedadvAttack(torchattacks.PGD(t.model), t.model)
+    w = TorchattacksModel(t.model, t.task, bounds=(0.0, 1.0))
+    with pytest.raises(ValueError, match="outside the declared `bounds`"):
+        w.attack(torchattacks.FGSM(w, eps=0.1), t.x * 10, t.y)
+    with pytest.raises(ValueError, match="built on this"):
+        w.attack(torchattacks.FGSM(t.model, eps=0.1), t.x, t.y)
+    with pytest.raises(ValueError, match="multi-hot"):
+        w.labels(t.y * 0.5)
+    with pytest.raises(ValueError, match="lo < hi"):
+        TorchattacksModel(t.model, t.task, bounds=(1.0, 0.0))
