@@ -26,10 +26,10 @@ def main() -> None:
 
     import torchattacks
     from art.attacks.evasion import ProjectedGradientDescentNumpy
+
     from medadv.adapters import foolbox as mfb
     from medadv.adapters.art import ARTSegmenter
     from medadv.adapters.torchattacks import TorchattacksModel
-
     from medadv.attacks.pgd import PGD
     from medadv.models import small_unet
     from medadv.tasks import Segmentation

@@ -6,18 +6,28 @@ adversarial metrics. Toolkit bridges live in ``medadv.adapters`` (ART, Foolbox, 
 RobustBench).
 """
 
+from . import data, defenses, explain, metrics, models
 from .attacks import (
     BIM,
+    DAG,
     FGSM,
+    GAP,
     PGD,
+    VAFA,
+    VAFA2D,
     Attack,
     AttackResult,
+    AutoAttack,
     CosPGD,
+    GAPTrainer,
     GradientAttack,
+    SaliencyRelevance,
+    SaliencyResistance,
     SegPGD,
     available_attacks,
     get_attack,
 )
+from .defenses import PGDAT, TRADES, VAFT, AdversarialTrainer, MAAdvT, MPAdvT
 from .evaluation import evaluate
 from .results import Results
 from .tasks import MultiClass, MultiLabel, Segmentation, Task
@@ -29,6 +39,9 @@ __all__ = [
     "Task", "MultiClass", "MultiLabel", "Segmentation",
     "Threat", "Linf", "L2",
     "Attack", "AttackResult", "GradientAttack", "FGSM", "BIM", "PGD", "CosPGD", "SegPGD",
+    "AutoAttack", "DAG", "VAFA", "VAFA2D", "GAP", "GAPTrainer", "SaliencyRelevance", "SaliencyResistance",
     "available_attacks", "get_attack",
+    "AdversarialTrainer", "PGDAT", "MPAdvT", "MAAdvT", "TRADES", "VAFT",
     "evaluate", "Results",
+    "data", "defenses", "explain", "metrics", "models",
 ]

@@ -365,19 +365,20 @@ class Segmentation(Task):
     def valid_mask(self, y: Tensor) -> Tensor | None:
         return None if self.ignore_index is None else y != self.ignore_index
 
-    def _safe_labels(self, y: Tensor) -> Tensor:
+    def safe_labels(self, y: Tensor) -> Tensor:
+        """Labels as int64 with ignored voxels set to 0 (safe for one-hot and indexing; mask them out)."""
         y = y.long()
         return y if self.ignore_index is None else y.masked_fill(y == self.ignore_index, 0)
 
     def one_hot(self, y: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         """``(N, C, *spatial)`` one-hot of a label map; ignored voxels are all-zero."""
-        oh = F.one_hot(self._safe_labels(y), self.num_classes).movedim(-1, 1).to(dtype)
+        oh = F.one_hot(self.safe_labels(y), self.num_classes).movedim(-1, 1).to(dtype)
         mask = self.valid_mask(y)
         return oh if mask is None else oh * mask.unsqueeze(1).to(dtype)
 
     # --- losses -------------------------------------------------------------------------------------
     def element_loss(self, logits: Tensor, y: Tensor) -> Tensor:
-        return F.cross_entropy(logits, self._safe_labels(y), reduction="none")
+        return F.cross_entropy(logits, self.safe_labels(y), reduction="none")
 
     def _dice_loss(self, logits: Tensor, y: Tensor, weight: Tensor | None) -> Tensor:
         """Soft Dice loss per sample ``(N,)`` (MONAI's DiceLoss when unweighted)."""
@@ -419,7 +420,7 @@ class Segmentation(Task):
         return p, self.one_hot(y, p.dtype)
 
     def target_cosine(self, logits: Tensor, y: Tensor) -> Tensor:
-        cos = _onehot_cosine(logits.softmax(dim=1), self._safe_labels(y))
+        cos = _onehot_cosine(logits.softmax(dim=1), self.safe_labels(y))
         mask = self.valid_mask(y)
         return cos if mask is None else cos * mask.to(cos.dtype)  # ignored voxels: all-zero target
 
@@ -433,7 +434,7 @@ class Segmentation(Task):
         loops (restart scoring, the active set) and on every result.
         """
         c = self.num_classes
-        key = (self._safe_labels(y) * c + pred.long()).reshape(y.shape[0], -1)
+        key = (self.safe_labels(y) * c + pred.long()).reshape(y.shape[0], -1)
         mask = self.valid_mask(y)
         # integer counts stay exact beyond 2**24 voxels (whole-body CT), where float32 would round
         weight = torch.ones_like(key) if mask is None else mask.reshape(key.shape).long()

@@ -133,6 +133,9 @@ class Attack(ABC):
     """
 
     name: str = "attack"
+    #: whether ``perturb`` needs the clean logits; attacks that do not (the gradient family) save one
+    #: forward pass when ``y`` is given and validate ``y`` against their own first forward instead
+    needs_clean_logits: bool = True
 
     def __init__(self, task: Task, threat: Threat | None, *, targeted: bool = False, seed: int | None = 0) -> None:
         if not isinstance(task, Task):
@@ -161,17 +164,21 @@ class Attack(ABC):
             raise ValueError("`y` (the target) is required for a targeted attack")
         device = model_device(model, x.device)
         x0 = x.detach().to(device)
+        if y is not None and not isinstance(y, Tensor):
+            raise TypeError(f"`y` must be a torch.Tensor, got {type(y).__name__}")
         with attack_mode(model):
-            with torch.no_grad():
-                logits0 = model(x0)
+            logits0 = None
+            if y is None or self.needs_clean_logits:
+                with torch.no_grad():
+                    logits0 = model(x0)
             if y is None:
                 y0 = self.task.predict(logits0)
             else:
-                if not isinstance(y, Tensor):
-                    raise TypeError(f"`y` must be a torch.Tensor, got {type(y).__name__}")
-                y0 = y.detach().to(device)
-            self.task.validate(logits0, y0, "y")
-            y0 = self.task.to_target(y0, logits0)
+                # a copy: AttackResult.y must not alias the caller's tensor
+                y0 = y.detach().to(device, copy=True)
+            if logits0 is not None:
+                self.task.validate(logits0, y0, "y")
+            y0 = self.task.to_target(y0, x0 if logits0 is None else logits0)
             x_adv, extras, trace = self._run(model, x0, y0, logits0)
             x_adv = x_adv.detach()
             with torch.no_grad():
@@ -189,7 +196,7 @@ class Attack(ABC):
             extras=extras,
         )
 
-    def _run(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor) -> tuple[Tensor, dict, dict | None]:
+    def _run(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor | None) -> tuple[Tensor, dict, dict | None]:
         out = self.perturb(model, x, y, logits)
         if isinstance(out, tuple):
             x_adv, extras = out[0], out[1]
@@ -201,7 +208,9 @@ class Attack(ABC):
     def perturb(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor):
         """Return the adversarial batch (or ``(x_adv, extras)`` / ``(x_adv, extras, trace)``).
 
-        ``x`` and ``y`` are validated and on the model's device; ``logits`` is the clean output.
+        ``x`` and ``y`` are on the model's device; ``logits`` is the clean output, already checked
+        against ``y``. It is ``None`` only for attacks with ``needs_clean_logits = False`` called with
+        a ``y``: they must validate ``y`` (``task.validate``) against their first forward.
         Must not modify ``x`` in place.
         """
 

@@ -6,7 +6,6 @@ prediction tasks", ICML 2024.
 
 from __future__ import annotations
 
-import torch.nn.functional as F
 from torch import Tensor
 
 from .base import register
@@ -32,6 +31,5 @@ class CosPGD(GradientAttack):
     """
 
     def element_weights(self, logits: Tensor, y: Tensor, step: int) -> Tensor:
-        p, t = self.task.distributions(logits.detach(), y)
-        cos = F.cosine_similarity(p, t, dim=1, eps=1e-12)
+        cos = self.task.target_cosine(logits.detach(), y)
         return 1.0 - cos if self.targeted else cos

@@ -229,7 +229,7 @@ class DAG(Attack):
         valid = self.task.valid_mask(y)
         if valid is not None:
             region = region & valid
-        y_safe = self.task._safe_labels(y)
+        y_safe = self.task.safe_labels(y)
         target = y_safe.unsqueeze(1)
         n_region = region.reshape(x.shape[0], -1).sum(dim=1).clamp_min(1)
         shape = (-1,) + (1,) * (x.ndim - 1)

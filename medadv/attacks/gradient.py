@@ -45,6 +45,8 @@ class GradientAttack(Attack):
         record_trace: keep the per-sample loss of every step in ``AttackResult.trace["loss"]`` (T, N).
     """
 
+    needs_clean_logits = False  # y is validated against the first step's forward instead
+
     def __init__(
         self,
         task: Task,
@@ -106,13 +108,17 @@ class GradientAttack(Attack):
             return x.clone()
         return self.threat.clip(x + self.threat.random_delta(x, gen))
 
-    def _steps(self, model: nn.Module, x: Tensor, y: Tensor, x_adv: Tensor, trace: list[Tensor] | None) -> Tensor:
+    def _steps(self, model: nn.Module, x: Tensor, y: Tensor, x_adv: Tensor, trace: list[Tensor] | None,
+               validate: bool = False) -> Tensor:
         threat, alpha = self.threat, self.step_size
         if not self.active_set:
             for t in range(self.steps):
                 with torch.enable_grad():  # callers may be under no_grad
                     x_adv.requires_grad_(True)
-                    obj = self.objective(self._forward(model, x_adv), y, t)
+                    logits = self._forward(model, x_adv)
+                    if validate and t == 0:  # the one host sync: y checked against the model output
+                        self.task.validate(logits.detach(), y, "y")
+                    obj = self.objective(logits, y, t)
                     (g,) = torch.autograd.grad(obj.sum(), x_adv)
                 if trace is not None:
                     trace.append(obj.detach())
@@ -126,6 +132,8 @@ class GradientAttack(Attack):
             with torch.enable_grad():  # callers may be under no_grad
                 cur.requires_grad_(True)
                 logits = self._forward(model, cur)
+                if validate and t == 0:
+                    self.task.validate(logits.detach(), ys, "y")
                 obj = self.objective(logits, ys, t)
                 (g,) = torch.autograd.grad(obj.sum(), cur)
             cur = cur.detach()
@@ -151,12 +159,12 @@ class GradientAttack(Attack):
             loss = self.task.loss(logits, y)
             return self.task.fooled(logits, y, self.targeted), (-loss if self.targeted else loss)
 
-    def perturb(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor):
+    def perturb(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor | None):
         gen = make_generator(self.seed, x.device)
         trace: list[Tensor] | None = [] if self.record_trace else None
         best = None
-        for _ in range(self.restarts):
-            x_adv = self._steps(model, x, y, self._start(x, gen), trace)
+        for r in range(self.restarts):
+            x_adv = self._steps(model, x, y, self._start(x, gen), trace, validate=logits is None and r == 0)
             if self.restarts == 1:
                 best = x_adv
                 break

@@ -6,5 +6,6 @@ from .mpadvt import MPAdvT
 from .pgd_at import PGDAT
 from .trades import TRADES
 from .trainer import AdversarialTrainer
+from .vaft import VAFT, frequency_consistency
 
-__all__ = ["TrainingStrategy", "AdversarialTrainer", "PGDAT", "MPAdvT", "MAAdvT", "TRADES"]
+__all__ = ["TrainingStrategy", "AdversarialTrainer", "PGDAT", "MPAdvT", "MAAdvT", "TRADES", "VAFT", "frequency_consistency"]

@@ -37,6 +37,8 @@ def kl_elements(log_p: Tensor, log_q: Tensor) -> Tensor:
 class _KLAttack(GradientAttack):
     """PGD that ascends KL(f(x) ‖ f(x')) from the clean prediction (the TRADES inner maximisation)."""
 
+    needs_clean_logits = True  # the KL reference is the clean prediction
+
     def perturb(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor):
         self._ref = log_distribution(self.task, logits).detach()
         try:

@@ -20,8 +20,8 @@ from art.attacks.evasion.projected_gradient_descent.projected_gradient_descent_p
     ProjectedGradientDescentPyTorch,
 )
 from art.defences.trainer import AdversarialTrainer
-from medadv.adapters.art import ARTClassifier, ARTSegmenter
 
+from medadv.adapters.art import ARTClassifier, ARTSegmenter
 from medadv.models import chexnet, small_cnn, small_unet
 from medadv.tasks import MultiClass, MultiLabel, Segmentation
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import foolbox as fb
 import pytest
 import torch
-from medadv.adapters import foolbox as mfb
 
+from medadv.adapters import foolbox as mfb
 from medadv.tasks import MultiClass
 
 EPS = 0.1

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from medadv.adapters import robustbench as mrb
 
+from medadv.adapters import robustbench as mrb
 from medadv.attacks.autoattack import AutoAttack
 from medadv.attacks.base import get_attack
 from medadv.attacks.fgsm import FGSM

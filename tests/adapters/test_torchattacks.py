@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchattacks
-from medadv.adapters.torchattacks import MedadvAttack, TorchattacksModel
 
+from medadv.adapters.torchattacks import MedadvAttack, TorchattacksModel
 from medadv.attacks.pgd import PGD
 from medadv.models import small_unet
 from medadv.tasks import MultiClass, Segmentation

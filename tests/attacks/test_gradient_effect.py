@@ -34,7 +34,7 @@ CASES = [
     ("trained_multiclass", "correct", 0.1, 0.2),
     ("trained_multilabel", "label_accuracy", 0.1, 0.2),
     ("trained_seg2d", "mean_dice", 0.1, 0.12),
-    ("trained_seg3d", "mean_dice", 0.25, 0.05),
+    ("trained_seg3d", "mean_dice", 0.1, 0.15),
 ]
 
 
@@ -145,7 +145,8 @@ def test_targeted_segmentation_moves_toward_target_map(cls, fixture, replace, re
     res = _attack(cls, t.task, _targeted_eps(cls), targeted=True)(t.model, t.x, target)
     adv = res.logits.argmax(1)
     moved = float((adv[region] == dst).float().mean())
-    assert moved >= 0.2, f"{cls.__name__}: only {moved:.2f} of the region relabelled"
+    need = 0.15 if cls is FGSM else 0.3
+    assert moved >= need, f"{cls.__name__}: only {moved:.2f} of the region relabelled"
     assert _agreement(t.task, res.logits, target) > _agreement(t.task, clean_logits, target)
 
 

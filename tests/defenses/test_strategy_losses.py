@@ -142,8 +142,8 @@ def test_pgd_at_loss_is_ce_on_pgd_examples():
     assert float((x_adv - X).abs().max()) <= 0.3 + 1e-6 and not torch.equal(x_adv, X)
     expected = nn.functional.cross_entropy(model.lin(x_adv), T(Y))
     assert float(got.detach()) == pytest.approx(float(expected.detach()), rel=1e-6)
-    # the attack ran in eval mode (clean pass, 3 steps, final pass), the training forward in train mode
-    assert model.modes == [False] * 5 + [True]
+    # the attack ran in eval mode (3 steps, final pass), the training forward in train mode
+    assert model.modes == [False] * 4 + [True]
     assert model.training and all(p.requires_grad for p in model.parameters())
 
 
