@@ -109,10 +109,10 @@ def main() -> None:
     variants = {}
     for b in (32, 8):
         for use_ssim in (False, True):
-            atk = VAFA(task, block=b, use_ssim=use_ssim)
+            atk = VAFA(task, bounds=(0.0, 1.0), block=b, use_ssim=use_ssim)
             ctx = atk._setup(x)
             variants[f"VAFA {b}³{' + SSIM' if use_ssim else ''}"] = (atk, ctx, torch.full_like(ctx["coeffs"], 20.0))
-    loop_atk = VAFA(task, block=8, use_ssim=False)
+    loop_atk = VAFA(task, bounds=(0.0, 1.0), block=8, use_ssim=False)
     loop_ctx = loop_atk._setup(x)
     loop_q = torch.full_like(loop_ctx["coeffs"], 20.0)
     loop_name = "VAFA 8³, per-block loop merge (reference style)"

@@ -85,9 +85,12 @@ def filter_perturbation(delta: Tensor, mask: Tensor, tile: int | Sequence[int] |
     return block_idct(coeffs * mask.to(device=delta.device, dtype=delta.dtype), spatial)
 
 
-def filtered_attack(x: Tensor, x_adv: Tensor, mask: Tensor, bounds: tuple[float, float] | None = (0.0, 1.0),
+def filtered_attack(x: Tensor, x_adv: Tensor, mask: Tensor, bounds: tuple[float, float] | None,
                     tile: int | Sequence[int] | None = None) -> Tensor:
-    """``clip(x + IDCT(DCT(x_adv − x) ⊙ mask))``: the attack restricted to a frequency band."""
+    """``clip(x + IDCT(DCT(x_adv − x) ⊙ mask))``: the attack restricted to a frequency band.
+
+    ``bounds`` is the data range in data units (``None``: no clipping).
+    """
     if x.shape != x_adv.shape:
         raise ValueError(f"`x` and `x_adv` must have the same shape, got {tuple(x.shape)} and {tuple(x_adv.shape)}")
     out = x + filter_perturbation(x_adv - x, mask, tile)
@@ -102,14 +105,15 @@ def frequency_analysis(
     y: Tensor,
     masks: Mapping[str, Tensor],
     *,
-    bounds: tuple[float, float] | None = (0.0, 1.0),
+    bounds: tuple[float, float] | None,
     tile: int | Sequence[int] | None = None,
 ) -> dict[str, Tensor]:
     """Mean Dice per sample ``(N,)`` on clean, full-attack and each band-filtered attack input.
 
     Returns ``{"clean": ..., "adversarial": ..., <band>: ...}`` plus ``"<band>_retained"``: the share of
     the attack's Dice drop the band keeps (``(clean − band) / (clean − adversarial)``, NaN where the
-    attack did not lower Dice). ``model`` may be a whole-volume wrapper
+    attack did not lower Dice). ``bounds`` is the data range in data units (``None``: no clipping) for
+    the filtered inputs. ``model`` may be a whole-volume wrapper
     (:class:`medadv.models.sliding.SlidingWindow`), as in Malik et al.'s evaluation.
     """
     if not isinstance(task, Segmentation):

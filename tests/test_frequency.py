@@ -55,11 +55,11 @@ def test_lowpass_keeps_smooth_and_drops_noise():
 
 def test_frequency_analysis_on_a_vafa_attack(trained_seg3d):
     m, task, x, y = trained_seg3d.model, trained_seg3d.task, trained_seg3d.x, trained_seg3d.y
-    x_adv = VAFA(task, block=8, steps=10)(m, x, y).x_adv
+    x_adv = VAFA(task, bounds=(0.0, 1.0), block=8, steps=10)(m, x, y).x_adv
     s = x.shape[2:]
     masks = {"full": torch.ones(s, dtype=torch.bool), "low_4": lowpass_mask(s, 4),
              "high_4_16": keep_cube(s, 4), "none": torch.zeros(s, dtype=torch.bool)}
-    out = frequency_analysis(m, task, x, x_adv, y, masks)
+    out = frequency_analysis(m, task, x, x_adv, y, masks, bounds=(0.0, 1.0))
     assert torch.allclose(out["full"], out["adversarial"], atol=1e-6)
     assert torch.allclose(out["none"], out["clean"])
     assert float((out["clean"] - out["adversarial"]).mean()) > 0

@@ -124,6 +124,9 @@ def dag_target_c(
 
 
 # --- the attack ---------------------------------------------------------------------------------------------------
+_REQUIRED = object()  # bounds have no default: medadv never assumes a [0, 1] data range
+
+
 @register("dag")
 class DAG(Attack):
     """Dense Adversary Generation (Xie et al. 2017): targeted, per-voxel, logit-difference steps.
@@ -142,8 +145,8 @@ class DAG(Attack):
         task: a :class:`~medadv.tasks.Segmentation` task (2-D or 3-D logits).
         threat: optional :class:`~medadv.threats.Linf` ball for the bounded variant (ε and bounds in data
             units); ``None`` for the unbounded original (then ``bounds`` gives the data range).
-        bounds: ``(lo, hi)`` data range in data units when ``threat`` is None (``None`` = unbounded).
-            Ignored when ``threat`` is given (the threat's bounds are used).
+        bounds: ``(lo, hi)`` data range in data units, required when ``threat`` is None (pass ``None``
+            for unbounded data). Ignored when ``threat`` is given (the threat's bounds are used).
         gamma: step length γ in data units (0.5/255 on [0, 1] data is Xie's 0.5 on a 0–255 scale).
         max_iter: maximum number of steps M₀ (200 for segmentation in Xie et al.).
         stop_fraction: stop once the unfooled share of the target region is at most this (Xie: 0.01).
@@ -160,7 +163,7 @@ class DAG(Attack):
         task: Task,
         threat: Threat | None = None,
         *,
-        bounds: Bounds | None = (0.0, 1.0),
+        bounds: Bounds | None | object = _REQUIRED,
         gamma: float = 0.5 / 255,
         max_iter: int = 200,
         stop_fraction: float = 0.01,
@@ -183,6 +186,11 @@ class DAG(Attack):
             raise ValueError(f"`norm` must be 'linf' or 'l2', got {norm!r}")
         if int(check_every) < 1:
             raise ValueError(f"`check_every` must be >= 1, got {check_every}")
+        if threat is None and bounds is _REQUIRED:
+            raise ValueError("`bounds` is required when `threat` is None: the data range (lo, hi) in data "
+                             "units, or None for unbounded data")
+        if bounds is _REQUIRED:
+            bounds = None
         # an unbounded Linf with eps=inf would be a hack; keep a plain clip helper instead
         self._clip_threat = threat if threat is not None else (None if bounds is None else Linf(0.0, bounds=bounds))
         self.gamma = float(gamma)

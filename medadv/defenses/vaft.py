@@ -52,9 +52,11 @@ class VAFT(TrainingStrategy):
 
     name = "vaft"
 
-    def __init__(self, attack: VAFA | VAFA2D | None = None, *, bounds: Bounds = (0.0, 1.0),
+    def __init__(self, attack: VAFA | VAFA2D | None = None, *, bounds: Bounds | None = None,
                  clean_weight: float = 1.0, adv_weight: float = 1.0, freq_weight: float = 1.0,
                  attack_kwargs: dict[str, Any] | None = None) -> None:
+        if attack is None and bounds is None:
+            raise ValueError("`bounds` (the data range in data units) is required when no `attack` is given")
         for n, w in (("clean_weight", clean_weight), ("adv_weight", adv_weight), ("freq_weight", freq_weight)):
             if not float(w) >= 0:
                 raise ValueError(f"`{n}` must be >= 0, got {w}")

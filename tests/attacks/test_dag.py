@@ -55,7 +55,7 @@ def test_dag_type_a_drives_voxels_to_background(trained_seg3d):
     m, task, x, y = trained_seg3d.model, trained_seg3d.task, trained_seg3d.x, trained_seg3d.y
     x_before = x.clone()
     ya, mask = dag_target_a(y)
-    res = DAG(task, gamma=0.01, max_iter=200)(m, x, ya, target_mask=mask)
+    res = DAG(task, bounds=(0.0, 1.0), gamma=0.01, max_iter=200)(m, x, ya, target_mask=mask)
     assert torch.equal(x, x_before)
     pred = res.logits.argmax(1)
     assert float((pred == 0).float().mean()) >= 0.9  # >= 90 % of all voxels at the target
@@ -76,7 +76,7 @@ def test_dag_types_b_and_c_change_the_target_and_keep_the_rest(trained_seg3d):
         (*dag_target_c(y, cls=2, iterations=2), 0.9),
     ):
         clean_hit = ((pred0 == ya) & mask).sum() / mask.sum()
-        res = DAG(task, gamma=0.01, max_iter=100)(m, x, ya, target_mask=mask)
+        res = DAG(task, bounds=(0.0, 1.0), gamma=0.01, max_iter=100)(m, x, ya, target_mask=mask)
         assert float(res.extras["fooled_fraction"].mean()) >= max(need, float(clean_hit) + 0.2)
         kept = ((res.logits.argmax(1) == pred0) | mask).float().mean()
         assert float(kept) >= 0.95  # voxels outside the target region mostly keep their prediction
@@ -85,7 +85,7 @@ def test_dag_types_b_and_c_change_the_target_and_keep_the_rest(trained_seg3d):
 def test_dag_stops_early_and_bounded_variant(trained_seg3d):
     m, task, x, y = trained_seg3d.model, trained_seg3d.task, trained_seg3d.x, trained_seg3d.y
     ya, mask = dag_target_c(y, cls=2, iterations=1)
-    res = DAG(task, gamma=0.02, max_iter=200, stop_fraction=0.05)(m, x, ya, target_mask=mask)
+    res = DAG(task, bounds=(0.0, 1.0), gamma=0.02, max_iter=200, stop_fraction=0.05)(m, x, ya, target_mask=mask)
     assert (res.extras["iterations"] < 200).all()
     assert (res.extras["fooled_fraction"] >= 0.95).all()
     eps = 4 / 255
@@ -97,7 +97,7 @@ def test_dag_stops_early_and_bounded_variant(trained_seg3d):
 def test_dag_2d_multichannel(trained_seg2d):
     m, task, x, y = trained_seg2d.model, trained_seg2d.task, trained_seg2d.x, trained_seg2d.y
     ya, mask = dag_target_c(y, cls=2, iterations=2)
-    res = DAG(task, gamma=0.01, max_iter=100)(m, x, ya, target_mask=mask)
+    res = DAG(task, bounds=(0.0, 1.0), gamma=0.01, max_iter=100)(m, x, ya, target_mask=mask)
     assert res.x_adv.shape == x.shape
     assert float(res.extras["fooled_fraction"].mean()) >= 0.8
 
@@ -113,23 +113,23 @@ def test_dag_bad_input(trained_seg3d):
     with pytest.raises(TypeError, match="Segmentation"):
         DAG(MultiClass())
     with pytest.raises(ValueError, match="gamma"):
-        DAG(task, gamma=0)
+        DAG(task, bounds=(0.0, 1.0), gamma=0)
     with pytest.raises(ValueError, match="norm"):
-        DAG(task, norm="l1")
+        DAG(task, bounds=(0.0, 1.0), norm="l1")
     with pytest.raises(ValueError, match="target"):
-        DAG(task)(m, x)
+        DAG(task, bounds=(0.0, 1.0))(m, x)
     with pytest.raises(ValueError, match="bounds"):
-        DAG(task)(m, x + 2, y)
+        DAG(task, bounds=(0.0, 1.0))(m, x + 2, y)
     with pytest.raises(ValueError, match="target_mask"):
-        DAG(task)(m, x, y, target_mask=torch.ones(1, 2, 2, dtype=torch.bool))
+        DAG(task, bounds=(0.0, 1.0))(m, x, y, target_mask=torch.ones(1, 2, 2, dtype=torch.bool))
     with pytest.raises(ValueError, match="out of range"):
-        DAG(Segmentation(3))(m, x, y + 5)
+        DAG(Segmentation(3), bounds=(0.0, 1.0))(m, x, y + 5)
 
 
 def test_calibrate_gamma_hits_the_reported_mse(trained_seg3d):
     m, task, x, y = trained_seg3d.model, trained_seg3d.task, trained_seg3d.x[:2], trained_seg3d.y[:2]
     ya, mask = dag_target_a(y)
-    gamma, res = calibrate_gamma(m, task, x, ya, mask, target_mse=0.002, iters=5, max_iter=30)
+    gamma, res = calibrate_gamma(m, task, x, ya, mask, target_mse=0.002, iters=5, max_iter=30, bounds=(0.0, 1.0))
     assert 1e-4 < gamma < 0.05
     assert abs(float(res.extras["mse"].mean()) - 0.002) < 0.001
     with pytest.raises(ValueError, match="target_mse"):

@@ -44,7 +44,7 @@ def test_soft_quantize_gradient_matches_autograd():
 def test_vafa_lowers_dice_and_respects_q_bounds(trained_seg3d):
     m, task, x, y = trained_seg3d.model, trained_seg3d.task, trained_seg3d.x, trained_seg3d.y
     x_before = x.clone()
-    attack = VAFA(task, block=8, steps=10, q_min=5, q_max=20)
+    attack = VAFA(task, bounds=(0.0, 1.0), block=8, steps=10, q_min=5, q_max=20)
     res = attack(m, x, y)
     assert torch.equal(x, x_before)
     q = res.extras["q_tables"]
@@ -78,7 +78,7 @@ def test_vafa_on_real_brain_mri(mni152_unet):
     m, task, x, y = mni152_unet
     clean = _dice(task, m, x, y)
     assert float(clean.mean()) > 0.5  # the model does segment grey and white matter
-    res = VAFA(task, block=8, steps=20, q_max=30)(m, x, y)
+    res = VAFA(task, bounds=(0.0, 1.0), block=8, steps=20, q_max=30)(m, x, y)
     assert float((clean - _dice(task, m, res.x_adv, y)).mean()) >= 0.03
     assert res.extras["q_tables"].min() >= 5 and res.extras["q_tables"].max() <= 30
 
@@ -86,7 +86,7 @@ def test_vafa_on_real_brain_mri(mni152_unet):
 def test_vafa_without_renormalisation_is_bounded_by_q(trained_seg3d):
     m, task, x, y = trained_seg3d.model, trained_seg3d.task, trained_seg3d.x, trained_seg3d.y
     q_max = 40.0
-    res = VAFA(task, block=8, steps=10, q_max=q_max, use_ssim=False, renormalize="none")(m, x, y)
+    res = VAFA(task, bounds=(0.0, 1.0), block=8, steps=10, q_max=q_max, use_ssim=False, renormalize="none")(m, x, y)
     err = to_blocks(255 * (res.x_adv - x), (8, 8, 8))  # grey levels, per block
     rms = err.pow(2).mean(dim=(-3, -2, -1)).sqrt()
     assert float(rms.max()) <= q_max / 2 + 1e-3  # orthonormal DCT: rounding error <= q/2 per coefficient
@@ -101,7 +101,7 @@ def test_vafa_any_size_multichannel_and_constant_slice():
     x = torch.rand(2, 2, 10, 12, 9)
     x[..., 4] = 0.5  # a constant axial slice: renormalisation must not divide by zero
     y = torch.randint(0, 3, (2, 10, 12, 9))
-    res = VAFA(task, block=4, steps=3)(model, x, y)
+    res = VAFA(task, bounds=(0.0, 1.0), block=4, steps=3)(model, x, y)
     assert res.x_adv.shape == x.shape and torch.isfinite(res.x_adv).all()
     assert res.extras["q_tables"].shape == (2, 2, 3 * 3 * 3, 4, 4, 4)
     # custom bounds in data units (e.g. a CT window in HU) map onto grey levels and back
@@ -122,22 +122,22 @@ class _Scale(nn.Module):
 
 def test_vafa2d_images_and_volume_slices(trained_seg2d, trained_seg3d):
     m, task, x, y = trained_seg2d.model, trained_seg2d.task, trained_seg2d.x, trained_seg2d.y
-    res = VAFA2D(task, block=8, steps=10, q_max=40)(m, x, y)
+    res = VAFA2D(task, bounds=(0.0, 1.0), block=8, steps=10, q_max=40)(m, x, y)
     assert res.extras["q_tables"].shape == (x.shape[0], 2, 16, 8, 8)
     q = res.extras["q_tables"]
     assert q.min() >= 5 and q.max() <= 40
     adv = _dice(task, m, res.x_adv, y).mean()
     assert float(_dice(task, m, x, y).mean() - adv) >= 0.02
     # the optimisation of q matters: better than the initial compression at q = q_max (one step)
-    once = VAFA2D(task, block=8, steps=1, q_max=40)(m, x, y)
+    once = VAFA2D(task, bounds=(0.0, 1.0), block=8, steps=1, q_max=40)(m, x, y)
     assert float(adv) < float(_dice(task, m, once.x_adv, y).mean())
     m3, t3, x3, y3 = trained_seg3d.model, trained_seg3d.task, trained_seg3d.x, trained_seg3d.y
-    r3 = VAFA2D(t3, block=8, steps=2)(m3, x3, y3)
+    r3 = VAFA2D(t3, bounds=(0.0, 1.0), block=8, steps=2)(m3, x3, y3)
     assert r3.extras["q_tables"].shape == (x3.shape[0], 1, 16, 4, 8, 8)  # (N, C, D slices, blocks, 8, 8)
 
 
 def test_ssim_term_uses_every_channel():
-    attack = VAFA(Segmentation(2), block=4)
+    attack = VAFA(Segmentation(2), bounds=(0.0, 1.0), block=4)
     u = torch.rand(1, 2, 8, 8, 8)
     v = u.clone()
     v[:, 1] = torch.rand(1, 8, 8, 8)  # only channel 1 differs
@@ -150,16 +150,16 @@ def test_ssim_term_uses_every_channel():
 def test_vafa_bad_input(trained_seg3d):
     m, task, x, y = trained_seg3d.model, trained_seg3d.task, trained_seg3d.x, trained_seg3d.y
     with pytest.raises(TypeError, match="Segmentation"):
-        VAFA(MultiClass())
+        VAFA(MultiClass(), bounds=(0.0, 1.0))
     with pytest.raises(ValueError, match="bounds"):
         VAFA(task, bounds=None)
     with pytest.raises(ValueError, match="q_min"):
-        VAFA(task, q_min=30, q_max=20)
+        VAFA(task, bounds=(0.0, 1.0), q_min=30, q_max=20)
     with pytest.raises(ValueError, match="renormalize"):
-        VAFA(task, renormalize="percentile")
+        VAFA(task, bounds=(0.0, 1.0), renormalize="percentile")
     with pytest.raises(ValueError, match="ssim_window"):
-        VAFA(task, block=2)
+        VAFA(task, bounds=(0.0, 1.0), block=2)
     with pytest.raises(ValueError, match="bounds"):
-        VAFA(task, block=8)(m, x * 3, y)
+        VAFA(task, bounds=(0.0, 1.0), block=8)(m, x * 3, y)
     with pytest.raises(ValueError, match="3-D volumes"):
-        VAFA(task, block=8)(nn.Conv2d(1, 3, 1), x[:, :, 0], y[:, 0])
+        VAFA(task, bounds=(0.0, 1.0), block=8)(nn.Conv2d(1, 3, 1), x[:, :, 0], y[:, 0])

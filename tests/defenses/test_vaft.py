@@ -29,7 +29,7 @@ def test_vaft_training_steps_lower_the_loss(trained_seg3d):
     model = copy.deepcopy(trained_seg3d.model).train()
     task = Segmentation(3, loss="dicece", include_background=True)  # the paper's DiceCE
     x, y = trained_seg3d.x, trained_seg3d.y
-    strategy = VAFT(attack_kwargs={"block": 8, "steps": 3})
+    strategy = VAFT(bounds=(0.0, 1.0), attack_kwargs={"block": 8, "steps": 3})
     assert isinstance(strategy, TrainingStrategy)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
@@ -51,7 +51,7 @@ def test_vaft_training_steps_lower_the_loss(trained_seg3d):
 def test_vaft_with_a_custom_attack_and_weights(trained_seg2d):
     model = copy.deepcopy(trained_seg2d.model).train()
     task = trained_seg2d.task
-    attack = VAFA2D(task, block=8, steps=2)
+    attack = VAFA2D(task, bounds=(0.0, 1.0), block=8, steps=2)
     only_clean = VAFT(attack, adv_weight=0.0, freq_weight=0.0)
     x, y = trained_seg2d.x[:2], trained_seg2d.y[:2]
     loss = only_clean.loss(model, x, y, task, torch.Generator())
@@ -61,6 +61,6 @@ def test_vaft_with_a_custom_attack_and_weights(trained_seg2d):
 
 def test_vaft_bad_input(trained_seg3d):
     with pytest.raises(ValueError, match="freq_weight"):
-        VAFT(freq_weight=-1)
+        VAFT(bounds=(0.0, 1.0), freq_weight=-1)
     with pytest.raises(TypeError, match="Segmentation"):
-        VAFT().loss(trained_seg3d.model, trained_seg3d.x, trained_seg3d.y, MultiClass(), torch.Generator())
+        VAFT(bounds=(0.0, 1.0)).loss(trained_seg3d.model, trained_seg3d.x, trained_seg3d.y, MultiClass(), torch.Generator())

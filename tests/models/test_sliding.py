@@ -73,7 +73,7 @@ def test_attack_tilewise_pgd_dag_and_vafa(big):
     assert float((clean - task.mean_dice(res.logits.argmax(1), y)).mean()) > 0.05
     # DAG with a per-voxel mask cut like the labels
     ya, mask = dag_target_a(y)
-    r_dag = attack_tilewise(DAG(task, gamma=0.01, max_iter=60), m, x, ya, roi_size=16, tiles_per_batch=8,
+    r_dag = attack_tilewise(DAG(task, bounds=(0.0, 1.0), gamma=0.01, max_iter=60), m, x, ya, roi_size=16, tiles_per_batch=8,
                             tile_kwargs={"target_mask": mask})
     assert len(r_dag.extras["tiles"]) == 1
     with torch.no_grad():
@@ -81,7 +81,7 @@ def test_attack_tilewise_pgd_dag_and_vafa(big):
     hit = ((r_dag.logits.argmax(1) == 0) & mask).sum() / mask.sum()
     assert float(hit) >= float(clean_hit) + 0.2
     # VAFA tiles: each tile batch keeps its own quantisation tables
-    r_vafa = attack_tilewise(VAFA(task, block=8, steps=3), m, x, y, roi_size=16, tiles_per_batch=4)
+    r_vafa = attack_tilewise(VAFA(task, bounds=(0.0, 1.0), block=8, steps=3), m, x, y, roi_size=16, tiles_per_batch=4)
     assert len(r_vafa.extras["tiles"]) == 2
     assert r_vafa.extras["tiles"][0]["q_tables"].shape == (4 * 2, 1, 8, 8, 8, 8)
 
