@@ -85,6 +85,8 @@ def ssim(
     k1: float = 0.01,
     k2: float = 0.03,
     nonnegative: bool = False,
+    window: str = "gaussian",
+    sample_covariance: bool = False,
 ) -> Tensor:
     """Structural similarity per sample ``(N,)``, averaged over channels and window positions.
 
@@ -96,6 +98,8 @@ def ssim(
         sigma: Gaussian standard deviation in voxels.
         k1, k2: SSIM stabilising constants.
         nonnegative: clamp the contrast-structure term at 0 (``pytorch_msssim``'s ``nonnegative_ssim``).
+        window: ``"gaussian"`` (Wang et al.; ``pytorch_msssim``) or ``"uniform"`` (scikit-image's default).
+        sample_covariance: unbiased (n − 1) variances and covariance, as scikit-image computes them.
     """
     ndim = _pair(x, x_adv)
     if int(win_size) < 1 or int(win_size) % 2 == 0:
@@ -104,8 +108,13 @@ def ssim(
         raise ValueError(f"`win_size` {win_size} exceeds the smallest spatial size {min(x.shape[2:])}")
     if not float(data_range) > 0:
         raise ValueError(f"`data_range` must be > 0, got {data_range}")
+    if window not in ("gaussian", "uniform"):
+        raise ValueError(f"`window` must be 'gaussian' or 'uniform', got {window!r}")
     n, c = x.shape[:2]
-    g = _gaussian(int(win_size), float(sigma), x.dtype, x.device)
+    if window == "gaussian":
+        g = _gaussian(int(win_size), float(sigma), x.dtype, x.device)
+    else:
+        g = torch.full((int(win_size),), 1.0 / int(win_size), dtype=x.dtype, device=x.device)
     # channels folded into the batch: one filter serves any channel count
     a = x.reshape(n * c, 1, *x.shape[2:])
     b = x_adv.reshape(n * c, 1, *x.shape[2:])
@@ -113,9 +122,11 @@ def ssim(
     mu_a, mu_b, aa, bb, ab = stats
     c1 = (k1 * data_range) ** 2
     c2 = (k2 * data_range) ** 2
-    var_a = aa - mu_a**2
-    var_b = bb - mu_b**2
-    cov = ab - mu_a * mu_b
+    npix = int(win_size) ** ndim
+    norm = npix / (npix - 1) if sample_covariance and npix > 1 else 1.0
+    var_a = norm * (aa - mu_a**2)
+    var_b = norm * (bb - mu_b**2)
+    cov = norm * (ab - mu_a * mu_b)
     cs = (2 * cov + c2) / (var_a + var_b + c2)
     if nonnegative:
         cs = F.relu(cs)

@@ -12,10 +12,10 @@ import math
 import warnings
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..tasks import Task
+from .image import ssim
 
 __all__ = [
     "minmax",
@@ -67,21 +67,8 @@ def map_ssim(a: Tensor, b: Tensor, win_size: int = 7, k1: float = 0.01, k2: floa
         raise ValueError(f"map_ssim needs 2-D or 3-D maps (N, H, W) / (N, D, H, W), got shape {tuple(a.shape)}")
     if win_size < 3 or win_size % 2 == 0 or min(a.shape[1:]) < win_size:
         raise ValueError(f"`win_size` must be odd, >= 3 and <= the map size {tuple(a.shape[1:])}, got {win_size}")
-    x, y = minmax(a).unsqueeze(1), minmax(b).unsqueeze(1)
-    pool = F.avg_pool2d if nd == 2 else F.avg_pool3d
-
-    def filt(t: Tensor) -> Tensor:
-        return pool(t, win_size, stride=1)
-
-    npix = win_size**nd
-    cov_norm = npix / (npix - 1)
-    ux, uy = filt(x), filt(y)
-    vx = cov_norm * (filt(x * x) - ux * ux)
-    vy = cov_norm * (filt(y * y) - uy * uy)
-    vxy = cov_norm * (filt(x * y) - ux * uy)
-    c1, c2 = k1**2, k2**2
-    s = ((2 * ux * uy + c1) * (2 * vxy + c2)) / ((ux * ux + uy * uy + c1) * (vx + vy + c2))
-    return s.flatten(1).mean(dim=1)
+    return ssim(minmax(a).unsqueeze(1), minmax(b).unsqueeze(1), data_range=1.0, win_size=win_size, k1=k1, k2=k2,
+                window="uniform", sample_covariance=True)
 
 
 def map_pearson(a: Tensor, b: Tensor) -> Tensor:
