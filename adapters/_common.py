@@ -70,4 +70,6 @@ def segmentation_target(task: Segmentation, y: Tensor, logits: Tensor) -> Tensor
         if not bool((y == y.round()).all()):
             raise ValueError("`y` label map must hold integer class values")
         y = y.round()
-    return y.long()
+    y = y.long()
+    task.validate_labels(logits, y, "y")
+    return y

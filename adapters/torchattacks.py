@@ -61,7 +61,12 @@ class TorchattacksModel(nn.Module):
         self.task = task
         self.box = UnitBox(model, *bounds)
         self.norm = None if mean is None else _ChannelNorm(mean, std)
-        self.train(model.training)  # torchattacks restores the wrapper's flag onto the whole model
+        # torchattacks restores the wrapper's flag onto the whole model; set the flags directly, because
+        # self.train() would recurse and overwrite the wrapped model's per-submodule modes
+        self.training = model.training
+        self.box.training = model.training
+        if self.norm is not None:
+            self.norm.training = model.training
 
     # --- unit box <-> data units ----------------------------------------------------------------------------
     def encode(self, x: Tensor) -> Tensor:

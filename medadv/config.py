@@ -16,6 +16,7 @@ Example::
     attacks:
       - {name: fgsm}
       - {name: pgd, steps: 10}
+      - {name: pgd, label: pgd-50, steps: 50}   # same attack, other settings: a distinct label
     batch_size: 4
     output: results/
 
@@ -123,6 +124,8 @@ def _threat(spec: dict[str, Any], eps: float) -> Threat:
     if "bounds" not in spec:
         raise ValueError("`threat.bounds` is required (the data range in data units, or null for unbounded)")
     b = spec["bounds"]
+    if b is not None and (not isinstance(b, list | tuple) or len(b) != 2):
+        raise ValueError(f"`threat.bounds` must be [lo, hi] or null, got {b!r}")
     bounds = None if b is None else (float(b[0]), float(b[1]))
     if norm == "linf":
         return Linf(eps, bounds=bounds)
@@ -134,6 +137,8 @@ def _threat(spec: dict[str, Any], eps: float) -> Threat:
 def build_attacks(cfg: dict[str, Any], task: Task) -> dict[str, Attack]:
     """``{"name@budget": attack}`` for every attack x budget of the config."""
     budgets = cfg.get("budgets", [cfg["threat"].get("eps")])
+    if not isinstance(budgets, list | tuple):
+        raise ValueError(f"`budgets` must be a list of numbers (data units), got {budgets!r}")
     if not budgets or any(b is None for b in budgets):
         raise ValueError("give `budgets: [...]` (or `threat.eps`) in data units")
     out: dict[str, Attack] = {}
@@ -142,6 +147,10 @@ def build_attacks(cfg: dict[str, Any], task: Task) -> dict[str, Attack]:
         name = spec.pop("name", None)
         if not name:
             raise ValueError(f"each entry of `attacks` needs a `name`, got {spec}")
+        label = spec.pop("label", name)  # to run one attack with two settings: give each a label
         for eps in budgets:
-            out[f"{name}@{float(eps):.6g}"] = get_attack(name, task, _threat(cfg["threat"], float(eps)), **spec)
+            key = f"{label}@{float(eps):.6g}"
+            if key in out:
+                raise ValueError(f"two `attacks` entries are both called {label!r}; give them distinct `label`s")
+            out[key] = get_attack(name, task, _threat(cfg["threat"], float(eps)), **spec)
     return out

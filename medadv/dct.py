@@ -50,11 +50,20 @@ def _dct_matrix_cpu64(n: int) -> Tensor:
     return c
 
 
+@lru_cache(maxsize=64)
+def _dct_matrix_on(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    # cached per device: attack loops reuse it every step without a host-to-device copy
+    return _dct_matrix_cpu64(n).to(dtype=dtype, device=device)
+
+
 def dct_matrix(n: int, *, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> Tensor:
-    """The ``(n, n)`` orthonormal DCT-II matrix (rows are frequencies); its transpose is the inverse."""
+    """The ``(n, n)`` orthonormal DCT-II matrix (rows are frequencies); its transpose is the inverse.
+
+    The returned tensor is cached and shared: do not modify it in place.
+    """
     if int(n) < 1:
         raise ValueError(f"`n` must be >= 1, got {n}")
-    return _dct_matrix_cpu64(int(n)).to(dtype=dtype, device=device)
+    return _dct_matrix_on(int(n), dtype, torch.device(device if device is not None else "cpu"))
 
 
 def normalize_block(block: int | Sequence[int], ndim: int) -> tuple[int, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .attacks.base import Attack, check_input, model_device
+from .attacks.base import Attack, attack_mode, check_input, model_device
 from .results import Results
 from .tasks import MultiClass, MultiLabel, Segmentation, Task
 
@@ -36,6 +37,17 @@ def _named_attacks(attacks: Attack | Sequence[Attack] | Mapping[str, Attack]) ->
             raise ValueError(f"`attacks` has two entries named {name!r} with budget {atk.budget}; give them distinct names")
         seen.add(key)
     return items
+
+
+def _fingerprint(model: nn.Module, task: Task, attack: Attack, hd95: bool, spacing: Any) -> str:
+    """A short hash of what a row depends on: model weights, task, attack settings, HD95 options."""
+    h = hashlib.sha256()
+    for k, v in model.state_dict().items():
+        h.update(k.encode())
+        h.update(v.detach().cpu().contiguous().numpy().tobytes())
+    settings = {k: v for k, v in sorted(vars(attack).items()) if isinstance(v, int | float | str | bool | type(None))}
+    h.update(f"{task!r}|{type(attack).__name__}|{attack!r}|{settings}|{hd95}|{spacing}".encode())
+    return h.hexdigest()[:16]
 
 
 def _batches(data: Any) -> Iterable[tuple[Tensor, Tensor]]:
@@ -87,8 +99,9 @@ def sample_rows(
         if hd95:
             from .metrics.segmentation import hd95_per_class
 
-            chd = hd95_per_class(cp, y, task.num_classes, spacing)
-            ahd = hd95_per_class(ap, y, task.num_classes, spacing)
+            mask = task.valid_mask(y)
+            chd = hd95_per_class(cp, y, task.num_classes, spacing, mask=mask)
+            ahd = hd95_per_class(ap, y, task.num_classes, spacing, mask=mask)
         for i in range(n):
             rows[i].update(clean_dice=_f(cm["dice"][i]), adv_dice=_f(am["dice"][i]),
                            clean_mean_dice=float(cm["mean_dice"][i]), adv_mean_dice=float(am["mean_dice"][i]),
@@ -130,6 +143,8 @@ def evaluate(
             budget column is each attack's ``budget`` (its ε in data units, None for non-Lp attacks).
         log: JSON Lines file to which rows are appended batch by batch. Rows already in it are kept
             and their (sample, attack, budget) is not recomputed: a crashed run resumes where it stopped.
+            A row counts only if its ``config`` fingerprint (model weights, task, attack settings) matches
+            this call; rows of other settings or of attacks not requested are ignored.
         target_fn: for targeted attacks, ``target_fn(x, y, clean_logits) -> target``; required when
             any attack is targeted.
         hd95: also compute per-class HD95 for segmentation (slower, SciPy distance transforms).
@@ -147,7 +162,10 @@ def evaluate(
     named = _named_attacks(attacks)
     if any(a.targeted for _, a in named) and target_fn is None:
         raise ValueError("`target_fn` is required because at least one attack is targeted")
-    done = Results.read_log(log).rows if log is not None else []
+    configs = {name: _fingerprint(model, task, atk, hd95, spacing) for name, atk in named}
+    # rows of a resumed log count only if they came from the same model, task and attack settings
+    done = [r for r in (Results.read_log(log).rows if log is not None else [])
+            if r.get("config") == configs.get(r["attack"])]
     done_keys = {(r["sample"], r["attack"], r["budget"]) for r in done}
     results = Results(done, meta={"task": repr(task), **(meta or {})})
     device = model_device(model)
@@ -158,7 +176,7 @@ def evaluate(
 
         bar = tqdm(desc="evaluate", unit="attack-batch")
     offset = 0
-    was_training = model.training
+    modes = [(m, m.training) for m in model.modules()]
     try:
         for x, y in _batches(data):
             check_input(x)
@@ -168,10 +186,8 @@ def evaluate(
             if not todo:
                 continue
             x_d, y_d = x.to(device), y.to(device)
-            model.eval()
-            with torch.no_grad():
+            with attack_mode(model), torch.no_grad():
                 clean_logits = model(x_d)
-            model.train(was_training)
             task.validate(clean_logits, y_d, "y")
             for name, atk in todo:
                 target = target_fn(x_d, y_d, clean_logits) if atk.targeted else y_d
@@ -182,7 +198,7 @@ def evaluate(
                     key = (ids[i], name, atk.budget)
                     if key in done_keys:
                         continue
-                    new.append({"sample": ids[i], "attack": name, "budget": atk.budget,
+                    new.append({"sample": ids[i], "attack": name, "budget": atk.budget, "config": configs[name],
                                 "fooled": bool(res.fooled[i]), "linf": float(res.linf[i]),
                                 "l2": float(res.l2[i]), **row})
                     done_keys.add(key)
@@ -193,7 +209,8 @@ def evaluate(
                     bar.update(1)
                     bar.set_postfix(attack=name, fooled=f"{res.fooling_rate:.2f}")
     finally:
-        model.train(was_training)
+        for m, training in modes:
+            m.training = training
         if bar is not None:
             bar.close()
     order = {name: i for i, (name, _) in enumerate(named)}

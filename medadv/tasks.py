@@ -64,6 +64,9 @@ class Task(ABC):
         """Raise ``ValueError``/``TypeError`` if ``y`` does not fit ``logits`` for this task."""
 
     def validate(self, logits: Tensor, y: Tensor | None, name: str = "y") -> None:
+        if not isinstance(logits, Tensor):
+            raise TypeError(f"model output must be a Tensor of logits, got {type(logits).__name__} "
+                            "(wrap models that return tuples or dicts so that forward returns the logits)")
         self.validate_logits(logits)
         if y is not None:
             if not isinstance(y, Tensor):
@@ -455,14 +458,19 @@ class Segmentation(Task):
         return torch.where(total > 0, 2.0 * inter / total.clamp_min(1.0), torch.ones_like(total))
 
     def mean_dice(self, pred: Tensor, y: Tensor) -> Tensor:
-        """``(N,)`` Dice averaged over the counted classes present (in valid voxels) in ``y`` or the prediction."""
+        """``(N,)`` Dice averaged over the counted classes present (in valid voxels) in ``y`` or the prediction.
+
+        A sample where no counted class is present in either map (a background-only patch predicted as
+        background) scores 1: the prediction is perfect.
+        """
         conf = self.confusion(pred, y)
         d = self._dice_from_confusion(conf)
         present = (conf.sum(dim=2) > 0) | (conf.sum(dim=1) > 0)
         if not self.include_background:
             d, present = d[:, 1:], present[:, 1:]
         d = torch.where(present, d, torch.zeros_like(d))
-        return d.sum(dim=1) / present.sum(dim=1).clamp_min(1)
+        n = present.sum(dim=1)
+        return torch.where(n > 0, d.sum(dim=1) / n.clamp_min(1), torch.ones_like(d[:, 0]))
 
     def make_target(self, reference: Tensor, replace: Mapping[int, int] | None = None,
                     mask: Tensor | None = None, fill: int | None = None) -> Tensor:

@@ -17,6 +17,7 @@ with ``pytest --medadv-update-baselines``.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,8 @@ class RobustnessCheck:
               max_drop: float = 0.0, metric: str | None = None) -> float:
         """Assert the metric under ``attack``; returns the measured value."""
         value = self.measure(model, task, data, attack, metric)
+        if math.isnan(value):
+            pytest.fail(f"robustness '{name}': the metric is NaN (empty data or undefined metric)")
         if min_value is not None and value < min_value:
             pytest.fail(f"robustness '{name}': {value:.4f} is below the required minimum {min_value:.4f}")
         baselines = self._load()

@@ -58,3 +58,21 @@ def test_demo_runs_end_to_end_on_real_mni152_and_caches(tmp_path):
     said.clear()
     run_demo(cfg, cache=tmp_path, progress=False, echo=said.append)
     assert any(s.startswith("loaded cached model") for s in said)
+
+
+def test_config_errors_name_the_problem():
+    import pytest
+
+    from medadv.config import build_attacks
+    from medadv.tasks import MultiClass
+
+    base = {"threat": {"norm": "linf", "bounds": [0.0, 1.0]}, "budgets": [0.1]}
+    with pytest.raises(ValueError, match="distinct `label`"):
+        build_attacks({**base, "attacks": [{"name": "pgd", "steps": 2}, {"name": "pgd", "steps": 5}]}, MultiClass())
+    two = build_attacks({**base, "attacks": [{"name": "pgd", "steps": 2}, {"name": "pgd", "label": "pgd5", "steps": 5}]},
+                        MultiClass())
+    assert two["pgd@0.1"].steps == 2 and two["pgd5@0.1"].steps == 5
+    with pytest.raises(ValueError, match="budgets"):
+        build_attacks({**base, "budgets": 0.1, "attacks": [{"name": "pgd"}]}, MultiClass())
+    with pytest.raises(ValueError, match="bounds"):
+        build_attacks({"threat": {"bounds": [0.0]}, "budgets": [0.1], "attacks": [{"name": "pgd"}]}, MultiClass())

@@ -73,3 +73,40 @@ def test_targeted_evaluation_uses_target_fn(trained_multiclass):
     atk = PGD(t.task, Linf(0.3, bounds=(0.0, 1.0)), steps=10, targeted=True)
     res = evaluate(t.model, t.task, (t.x, t.y), {"to-class-0": atk}, target_fn=lambda x, y, logits: torch.zeros_like(y))
     assert res.summary()[0]["fooled"] > 0.8  # most samples reach class 0
+
+
+def test_evaluate_restores_every_submodule_mode_and_recomputes_changed_settings(trained_multiclass, tmp_path):
+    t = trained_multiclass
+    t.model.train()
+    t.model[0].eval()  # e.g. a frozen block during fine-tuning
+    log = tmp_path / "log.jsonl"
+    try:
+        evaluate(t.model, t.task, (t.x, t.y), {"pgd": PGD(t.task, Linf(0.1, bounds=(0.0, 1.0)), steps=1)}, log=log)
+        assert t.model.training and not t.model[0].training and t.model[2].training
+    finally:
+        t.model.eval()
+    # same name and budget, different settings: the logged rows must not be reused
+    res = evaluate(t.model, t.task, (t.x, t.y), {"pgd": PGD(t.task, Linf(0.1, bounds=(0.0, 1.0)), steps=8)}, log=log)
+    strong = evaluate(t.model, t.task, (t.x, t.y), {"pgd": PGD(t.task, Linf(0.1, bounds=(0.0, 1.0)), steps=8)})
+    assert [r["adv_pred"] for r in res] == [r["adv_pred"] for r in strong]
+
+
+def test_segmentation_hd95_with_ignore_index(trained_seg2d):
+    from medadv.tasks import Segmentation
+
+    t = trained_seg2d
+    task = Segmentation(3, ignore_index=255)
+    y = t.y.clone()
+    y[:, :2] = 255
+    res = evaluate(t.model, task, (t.x, y), [PGD(task, Linf(0.05, bounds=(0.0, 1.0)), steps=2)], hd95=True)
+    assert len(res.rows[0]["adv_hd95"]) == 3
+
+
+def test_background_only_sample_predicted_perfectly_is_not_fooled():
+    from medadv.tasks import Segmentation
+
+    task = Segmentation(3, include_background=False)
+    y = torch.zeros(2, 4, 4, dtype=torch.long)
+    logits = torch.nn.functional.one_hot(y, 3).movedim(-1, 1).float() * 10
+    assert task.mean_dice(y, y).tolist() == [1.0, 1.0]
+    assert not task.fooled(logits, y).any()

@@ -26,5 +26,6 @@ class BIM(GradientAttack):
     """
 
     def __init__(self, task: Task, threat: Threat, *, steps: int = 10, step_size: float | None = None, **kwargs):
-        kwargs.pop("random_start", None)
+        if "random_start" in kwargs:
+            raise TypeError("BIM has no random start (use PGD for one); drop `random_start`")
         super().__init__(task, threat, steps=steps, step_size=step_size, random_start=False, **kwargs)

@@ -151,7 +151,8 @@ class DAG(Attack):
         max_iter: maximum number of steps M₀ (200 for segmentation in Xie et al.).
         stop_fraction: stop once the unfooled share of the target region is at most this (Xie: 0.01).
         norm: ``"linf"`` (Xie) or ``"l2"`` (the Naeem & Paschali PyTorch port) step normalisation.
-        check_every: steps between checks that every sample has stopped (each check is one host sync).
+        check_every: steps between checks that every sample has stopped (each check is one host sync;
+            stopped samples no longer move in between, so this only bounds wasted steps).
         seed: unused (DAG is deterministic); kept for the common signature.
 
     ``AttackResult.extras`` holds per-sample ``mse``, ``linf``, ``l2``, ``ssim``, ``fooled_fraction``
@@ -168,7 +169,7 @@ class DAG(Attack):
         max_iter: int = 200,
         stop_fraction: float = 0.01,
         norm: str = "linf",
-        check_every: int = 1,
+        check_every: int = 10,
         seed: int | None = 0,
     ) -> None:
         if not isinstance(task, Segmentation):

@@ -10,6 +10,8 @@ synchronisation inside the step loop (the optional active set synchronises once 
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -66,8 +68,8 @@ class GradientAttack(Attack):
         if threat is None:
             raise TypeError("`threat` is required for gradient attacks (Linf or L2)")
         super().__init__(task, threat, targeted=targeted, seed=seed)
-        if int(steps) < 1:
-            raise ValueError(f"`steps` must be >= 1, got {steps}")
+        if isinstance(steps, bool) or int(steps) != steps or int(steps) < 1:
+            raise ValueError(f"`steps` must be an integer >= 1, got {steps}")
         if int(restarts) < 1:
             raise ValueError(f"`restarts` must be >= 1, got {restarts}")
         if int(check_every) < 1:
@@ -75,8 +77,8 @@ class GradientAttack(Attack):
         self.steps = int(steps)
         if step_size is None:
             step_size = 2.5 * threat.eps / self.steps
-        if float(step_size) < 0:
-            raise ValueError(f"`step_size` must be >= 0, got {step_size}")
+        if not math.isfinite(float(step_size)) or float(step_size) < 0:
+            raise ValueError(f"`step_size` must be a finite number >= 0 (data units), got {step_size}")
         self.step_size = float(step_size)
         self.random_start = bool(random_start)
         self.restarts = int(restarts)
@@ -117,7 +119,7 @@ class GradientAttack(Attack):
                     x_adv.requires_grad_(True)
                     logits = self._forward(model, x_adv)
                     if validate and t == 0:  # the one host sync: y checked against the model output
-                        self.task.validate(logits.detach(), y, "y")
+                        self.task.validate(logits, y, "y")
                     obj = self.objective(logits, y, t)
                     (g,) = torch.autograd.grad(obj.sum(), x_adv)
                 if trace is not None:
@@ -133,7 +135,7 @@ class GradientAttack(Attack):
                 cur.requires_grad_(True)
                 logits = self._forward(model, cur)
                 if validate and t == 0:
-                    self.task.validate(logits.detach(), ys, "y")
+                    self.task.validate(logits, ys, "y")
                 obj = self.objective(logits, ys, t)
                 (g,) = torch.autograd.grad(obj.sum(), cur)
             cur = cur.detach()

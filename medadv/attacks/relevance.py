@@ -146,7 +146,7 @@ class SaliencyRelevance(SaliencyAttack):
 
     def _check(self, state: dict[str, Any], m: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
         same = (self.task.predict(logits) == state["pred0"]).to(m.dtype)
-        ok = same.flatten(1).mean(1) >= self.keep_fraction
+        ok = same.reshape(same.shape[0], -1).mean(1) >= self.keep_fraction  # (N,) for MultiClass too
         if self.max_prob_change is not None:
             change = (self._probs(logits) - state["probs0"]).abs().flatten(1).amax(1)
             ok = ok & (change <= self.max_prob_change)

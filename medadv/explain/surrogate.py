@@ -38,9 +38,13 @@ class _SoftLeaky(nn.Module):
         return F.softplus(x, beta=self.beta) - a * F.softplus(-x, beta=self.beta)
 
 
+class _SurrogateSoftplus(nn.Softplus):
+    """A Softplus that replaced a ReLU (so β changes never touch the model's own Softplus layers)."""
+
+
 def _smooth(m: nn.Module, beta: float) -> nn.Module | None:
     if isinstance(m, nn.ReLU):
-        return nn.Softplus(beta=beta)
+        return _SurrogateSoftplus(beta=beta)
     if isinstance(m, nn.LeakyReLU):
         return _SoftLeaky(m.negative_slope, beta)
     if isinstance(m, nn.PReLU):
@@ -86,7 +90,7 @@ def set_softplus_beta(surrogate: nn.Module, beta: float) -> None:
         raise ValueError("`surrogate` was not made by softplus_surrogate()")
     _check_beta(beta)
     for m in surrogate.modules():
-        if isinstance(m, (nn.Softplus, _SoftLeaky)):
+        if isinstance(m, (_SurrogateSoftplus, _SoftLeaky)):
             m.beta = float(beta)
     setattr(surrogate, BETA_ATTR, float(beta))
 

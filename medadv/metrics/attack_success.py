@@ -85,6 +85,10 @@ def segmentation_asr(task: Segmentation, logits_clean: Tensor, logits_adv: Tenso
     if not isinstance(task, Segmentation):
         raise TypeError(f"`task` must be a Segmentation task, got {task!r}")
     k = task.num_classes
+    valid = task.valid_mask(y)
+    # ignored voxels (ignore_index) become an extra class k in both maps, then that column is dropped
+    kk = k if valid is None else k + 1
+    y = task.safe_labels(y) if valid is None else torch.where(valid, task.safe_labels(y), torch.full_like(y, k).long())
     classes = torch.arange(k, device=y.device).reshape(1, -1, *([1] * (y.ndim - 1)))
     # Malik et al. use MONAI DiceMetric's default: classes absent from the label are skipped (NaN)
     gt_present = (y.unsqueeze(1) == classes).flatten(2).any(dim=2)
@@ -93,10 +97,12 @@ def segmentation_asr(task: Segmentation, logits_clean: Tensor, logits_adv: Tenso
     out: dict[str, Tensor] = {}
     for tag, z in (("clean", logits_clean), ("adv", logits_adv)):
         pred = task.predict(z)
-        d = dice_per_class(pred, y, k)
+        if valid is not None:
+            pred = torch.where(valid, pred, torch.full_like(pred, k))
+        d = dice_per_class(pred, y, kk)[:, :k]
         d = torch.where(gt_present, d.to(gt_present.device), torch.full_like(d, float("nan")))[:, first:].nanmean(dim=1)
         out[f"dice_{tag}"] = d * 100 if percent else d
-        out[f"hd95_{tag}"] = _hd95_filled(pred, y, k, spacing)[:, first:].nanmean(dim=1)
+        out[f"hd95_{tag}"] = _hd95_filled(pred, y, kk, spacing)[:, first:k].nanmean(dim=1)
     out["asr_d"] = attack_success_rate(out["dice_clean"], out["dice_adv"], mode=mode)
     out["asr_h"] = attack_success_rate(out["hd95_clean"], out["hd95_adv"], higher_is_better=False, mode=mode)
     return out

@@ -15,6 +15,8 @@ returning a stand-in number.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -53,7 +55,9 @@ def psnr(x: Tensor, x_adv: Tensor, data_range: float = 1.0) -> Tensor:
     return 10.0 * torch.log10(float(data_range) ** 2 / m)
 
 
+@lru_cache(maxsize=32)
 def _gaussian(win: int, sigma: float, dtype: torch.dtype, device: torch.device) -> Tensor:
+    # cached per device: SSIM inside attack loops reuses the window without a host-to-device copy
     r = torch.arange(win, dtype=torch.float64) - (win - 1) / 2
     g = torch.exp(-(r**2) / (2 * sigma**2))
     return (g / g.sum()).to(dtype=dtype, device=device)

@@ -34,15 +34,22 @@ def dice_per_class(pred: Tensor, y: Tensor, num_classes: int) -> Tensor:
                         ignore_empty=False, num_classes=num_classes)
 
 
-def hd95_per_class(pred: Tensor, y: Tensor, num_classes: int, spacing: float | Sequence[float] | None = None) -> Tensor:
+def hd95_per_class(pred: Tensor, y: Tensor, num_classes: int, spacing: float | Sequence[float] | None = None,
+                   mask: Tensor | None = None) -> Tensor:
     """95th-percentile Hausdorff distance ``(N, C)`` in the units of ``spacing`` (voxels if None).
 
     NaN where the class is absent from the label or the prediction (HD undefined; MONAI returns
-    inf/nan there).
+    inf/nan there). ``mask`` (bool, like ``y``) restricts both maps to valid voxels (ignore_index).
     """
     _check(pred, y, num_classes)
     from monai.metrics import compute_hausdorff_distance
 
-    hd = compute_hausdorff_distance(_one_hot(pred, num_classes).float(), _one_hot(y, num_classes).float(),
-                                    include_background=True, percentile=95, spacing=spacing)
+    if mask is not None:
+        # ignored voxels may hold any label value (255, -1): zero them out of both one-hot maps
+        pred, y = torch.where(mask, pred, 0), torch.where(mask, y, 0)
+    oh_pred, oh_y = _one_hot(pred, num_classes).float(), _one_hot(y, num_classes).float()
+    if mask is not None:
+        m = mask.unsqueeze(1).float()
+        oh_pred, oh_y = oh_pred * m, oh_y * m
+    hd = compute_hausdorff_distance(oh_pred, oh_y, include_background=True, percentile=95, spacing=spacing)
     return torch.where(torch.isfinite(hd), hd, torch.full_like(hd, float("nan")))

@@ -117,13 +117,13 @@ def test_bad_eps_type_and_bounds():
 
 def test_bad_hyper_parameters():
     task, threat = MultiClass(), Linf(0.1, bounds=(0, 1))
-    with pytest.raises(ValueError, match=r"`steps` must be >= 1"):
+    with pytest.raises(ValueError, match=r"`steps` must be an integer >= 1"):
         PGD(task, threat, steps=0)
     with pytest.raises(ValueError, match=r"`restarts` must be >= 1"):
         PGD(task, threat, restarts=0)
     with pytest.raises(ValueError, match=r"`check_every` must be >= 1"):
         PGD(task, threat, check_every=0)
-    with pytest.raises(ValueError, match=r"`step_size` must be >= 0"):
+    with pytest.raises(ValueError, match=r"`step_size` must be a finite number >= 0"):
         PGD(task, threat, step_size=-1.0)
     with pytest.raises(TypeError, match=r"`threat` is required"):
         PGD(task, None)
@@ -239,3 +239,24 @@ def test_bad_task_arguments():
         Segmentation(3, dice_threshold=1.5)
     with pytest.raises(ValueError, match=r"`target_fraction` must be in \(0, 1\]"):
         Segmentation(3, target_fraction=0.0)
+
+
+def test_non_finite_step_size_and_fractional_steps_are_rejected():
+    task, threat = MultiClass(), Linf(0.1, bounds=(0.0, 1.0))
+    with pytest.raises(ValueError, match="step_size"):
+        PGD(task, threat, steps=2, step_size=float("nan"))
+    with pytest.raises(ValueError, match="steps"):
+        PGD(task, threat, steps=2.5)
+
+
+def test_model_returning_a_tuple_gets_a_clear_error():
+    class TupleNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            return (self.lin(x.flatten(1)),)
+
+    with pytest.raises(TypeError, match="model output must be a Tensor"):
+        PGD(MultiClass(), Linf(0.1, bounds=(0.0, 1.0)), steps=1)(TupleNet(), torch.rand(2, 1, 2, 2), torch.tensor([0, 1]))

@@ -153,3 +153,19 @@ def test_figure_of_an_attack(ml, tmp_path):
     assert len(fig.axes) == 2 * 5
     with pytest.raises(ValueError, match="matching"):
         plot_saliency_attack(x[:2], res.x_adv[:1], res.extras["map"], res.extras["map_adv"])
+
+
+def test_relevance_runs_on_a_multiclass_model_and_keeps_the_class():
+    from torch import nn
+
+    from medadv.attacks.relevance import SaliencyRelevance
+    from medadv.explain import Gradient
+    from medadv.tasks import MultiClass
+    from medadv.threats import Linf
+
+    torch.manual_seed(0)
+    clf = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.Softplus(), nn.Flatten(), nn.Linear(4 * 8 * 8, 3)).eval()
+    x = torch.rand(2, 1, 8, 8)
+    res = SaliencyRelevance(MultiClass(), Linf(0.05, bounds=(0.0, 1.0)), Gradient(), steps=3, lr=1e-2)(clf, x)
+    assert torch.equal(clf(res.x_adv).argmax(1), clf(x).argmax(1))
+    assert float((res.x_adv - x).abs().max()) <= 0.05 + 1e-6

@@ -184,3 +184,14 @@ def test_gradcam_3d_per_class_maps_on_monai_unet(trained_seg3d):
     x = t.x[:1].clone().requires_grad_(True)
     (g,) = torch.autograd.grad(cam.compute(smooth, x, torch.tensor([1]), create_graph=True).pow(2).sum(), x)
     assert torch.isfinite(g).all() and g.abs().max() > 0
+
+
+def test_set_softplus_beta_leaves_the_models_own_softplus_alone():
+    from torch import nn
+
+    from medadv.explain import set_softplus_beta, softplus_surrogate
+
+    m = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2), nn.Softplus(beta=1.0))
+    s = softplus_surrogate(m, 10.0)
+    set_softplus_beta(s, 50.0)
+    assert s[1].beta == 50.0 and s[3].beta == 1.0

@@ -63,3 +63,20 @@ def test_segmentation_asr_of_a_real_attack(trained_seg3d):
     assert float(out["asr_d"]) > 0
     for k in ("dice_clean", "dice_adv", "hd95_clean", "hd95_adv"):
         assert out[k].shape == (x.shape[0],) and torch.isfinite(out[k]).all()
+
+
+def test_segmentation_asr_ignores_ignore_index_voxels():
+    from medadv.metrics.attack_success import segmentation_asr
+    from medadv.tasks import Segmentation
+
+    torch.manual_seed(0)
+    y = torch.randint(0, 3, (2, 16, 16))
+    z = torch.randn(2, 3, 16, 16)
+    y_ign = y.clone()
+    y_ign[:, :2] = 255
+    z_other = z.clone()
+    z_other[:, :, :2] = torch.randn(2, 3, 2, 16)  # predictions inside the ignored rows must not matter
+    a = segmentation_asr(Segmentation(3, ignore_index=255), z, z, y_ign)
+    b = segmentation_asr(Segmentation(3, ignore_index=255), z_other, z_other, y_ign)
+    torch.testing.assert_close(a["dice_clean"], b["dice_clean"])
+    assert torch.isfinite(a["dice_clean"]).all()
