@@ -82,7 +82,14 @@ class Threat(ABC):
     # --- bounds ------------------------------------------------------------------------------------------
     def _bound(self, i: int, like: Tensor) -> BoundValue:
         b = self.bounds[i]  # type: ignore[index]
-        return b.to(device=like.device, dtype=like.dtype) if isinstance(b, Tensor) else b
+        if not isinstance(b, Tensor):
+            return b
+        # cached per device/dtype: clip runs every attack step, a host-to-device copy each time would sync
+        cache = self.__dict__.setdefault("_bound_cache", {})
+        key = (i, like.device, like.dtype)
+        if key not in cache:
+            cache[key] = b.to(device=like.device, dtype=like.dtype)
+        return cache[key]
 
     def clip(self, x: Tensor) -> Tensor:
         """Clip to the data bounds (identity when unbounded)."""
@@ -177,7 +184,7 @@ class L2(Threat):
     def project(self, delta: Tensor, eps: Tensor | float | None = None) -> Tensor:
         e = self.eps if eps is None else eps
         n = per_sample_norm(delta, 2.0)
-        factor = torch.clamp(torch.as_tensor(e, device=delta.device, dtype=delta.dtype) / n.clamp_min(1e-12), max=1.0)
+        factor = (n.clamp_min(1e-12).reciprocal() * e).clamp(max=1.0)  # e: float or (N,) tensor, no copy
         return delta * _expand(factor, delta)
 
     def ascent_direction(self, grad: Tensor) -> Tensor:

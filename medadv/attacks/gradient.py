@@ -44,7 +44,8 @@ class GradientAttack(Attack):
             Less work; a sample counted as fooled stays fooled.
         check_every: how often (steps) the active set is refreshed; each refresh is one host sync.
         amp: run forward/backward under bf16 autocast (CUDA fast path; the loss is computed in fp32).
-        record_trace: keep the per-sample loss of every step in ``AttackResult.trace["loss"]`` (T, N).
+        record_trace: keep the per-sample loss of every step in ``AttackResult.trace["loss"]``,
+            ``(T * restarts, N)`` (restarts one after the other).
     """
 
     needs_clean_logits = False  # y is validated against the first step's forward instead
