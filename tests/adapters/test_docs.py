@@ -13,12 +13,9 @@ BEGIN, END = "<!-- adapters:begin -->", "<!-- adapters:end -->"
 
 
 def _blocks() -> list[str]:
-    readme = ROOT / "README.md"
-    text = readme.read_text() if readme.is_file() else ""
-    if BEGIN in text and END in text:
-        text = text[text.index(BEGIN) : text.index(END)]
-    else:
-        text = (ROOT / "docs" / "adapters.md").read_text()
+    text = (ROOT / "README.md").read_text()
+    assert BEGIN in text and END in text, "README.md lost its toolkit-adapters section markers"
+    text = text[text.index(BEGIN) : text.index(END)]
     return re.findall(r"```python\n(.*?)```", text, flags=re.S)
 
 
