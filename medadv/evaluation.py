@@ -74,6 +74,8 @@ def sample_rows(
     hd95: bool = False,
 ) -> list[dict[str, Any]]:
     """Per-sample metric columns (clean and adversarial) for one batch."""
+    # one device-to-host copy per tensor, then plain indexing (not one sync per sample and column)
+    y, clean_logits, adv_logits = y.detach().cpu(), clean_logits.detach().cpu(), adv_logits.detach().cpu()
     n = y.shape[0]
     cp, ap = task.predict(clean_logits), task.predict(adv_logits)
     rows: list[dict[str, Any]] = [{} for _ in range(n)]

@@ -160,6 +160,12 @@ class Attack(ABC):
         if not isinstance(model, nn.Module):
             raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}")
         check_input(x, self.threat)
+        if torch.is_inference_mode_enabled():
+            raise RuntimeError("attacks need gradients: call them outside torch.inference_mode()")
+        param = next((p for p in model.parameters() if p.is_floating_point()), None)
+        if param is not None and param.dtype != x.dtype:
+            raise TypeError(f"`x` has dtype {x.dtype} but the model's parameters are {param.dtype}; "
+                            "convert one of them (medadv does not cast silently)")
         if self.targeted and y is None:
             raise ValueError("`y` (the target) is required for a targeted attack")
         device = model_device(model, x.device)

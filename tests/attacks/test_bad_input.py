@@ -260,3 +260,12 @@ def test_model_returning_a_tuple_gets_a_clear_error():
 
     with pytest.raises(TypeError, match="model output must be a Tensor"):
         PGD(MultiClass(), Linf(0.1, bounds=(0.0, 1.0)), steps=1)(TupleNet(), torch.rand(2, 1, 2, 2), torch.tensor([0, 1]))
+
+
+def test_dtype_mismatch_and_inference_mode_are_clear_errors():
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))
+    atk = PGD(MultiClass(), Linf(0.1, bounds=(0.0, 1.0)), steps=1)
+    with pytest.raises(TypeError, match="`x` has dtype torch.float64"):
+        atk(model, torch.rand(2, 1, 2, 2, dtype=torch.float64), torch.tensor([0, 1]))
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="inference_mode"):
+        atk(model, torch.rand(2, 1, 2, 2), torch.tensor([0, 1]))
