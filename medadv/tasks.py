@@ -90,6 +90,14 @@ class Task(ABC):
         ``(N, 2, L)`` (``[p, 1 - p]`` against ``[y, 1 - y]``).
         """
 
+    def log_probs(self, logits: Tensor) -> Tensor:
+        """Log of the predicted distribution, class axis at dim 1 (``(N, 2, L)`` Bernoulli pairs for multi-label)."""
+        return logits.log_softmax(dim=1)
+
+    def least_likely(self, logits: Tensor) -> Tensor:
+        """The labels farthest from the prediction, shaped like ``y`` (GAP's untargeted objective)."""
+        return logits.argmin(dim=1)
+
     def target_cosine(self, logits: Tensor, y: Tensor) -> Tensor:
         """Per-element cosine similarity of the predicted and target distributions (the CosPGD weight).
 
@@ -233,6 +241,12 @@ class MultiLabel(Task):
         p = logits.sigmoid()
         t = y.to(p.dtype)
         return torch.stack((p, 1 - p), dim=1), torch.stack((t, 1 - t), dim=1)
+
+    def log_probs(self, logits: Tensor) -> Tensor:
+        return torch.stack((F.logsigmoid(logits), F.logsigmoid(-logits)), dim=1)
+
+    def least_likely(self, logits: Tensor) -> Tensor:
+        return 1.0 - self.predict(logits)  # every label flipped
 
     def target_cosine(self, logits: Tensor, y: Tensor) -> Tensor:
         p, t = logits.sigmoid(), y.to(logits.dtype)

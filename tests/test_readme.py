@@ -33,4 +33,6 @@ def test_readme_has_examples():
 def test_readme_section_runs(title, code, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # examples that write files (checkpoints) write them here
     torch.manual_seed(0)
+    # each example ends by checking its own result (an AssertionError fails the test)
+    assert re.search(r"^assert ", code, flags=re.M), "the example must assert what it shows"
     exec(compile(code, f"README: {title}", "exec"), {"__name__": "__example__"})

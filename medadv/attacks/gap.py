@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from ..models.generators import build_generator
 from ..models.io import load_checkpoint, save_checkpoint
-from ..tasks import MultiClass, MultiLabel, Segmentation, Task
+from ..tasks import Task
 from ..threats import Linf, Threat
 from .base import Attack, attack_mode, check_input, model_device, register
 
@@ -165,12 +165,7 @@ class GAP(Attack):
         """The labels the generator is trained towards: the target, or the least-likely / flipped clean prediction."""
         if self.targeted or self.loss_name == "neg_true_logprob":
             return y
-        task = self.task
-        if isinstance(task, MultiLabel):
-            return 1.0 - task.predict(clean_logits)
-        if isinstance(task, MultiClass | Segmentation):
-            return clean_logits.argmin(dim=1)
-        raise TypeError(f"GAP has no least-likely target for task {task!r}")
+        return self.task.least_likely(clean_logits)
 
     def objective(self, adv_logits: Tensor, target: Tensor) -> Tensor:
         """Scalar the generator minimises (mean over the batch)."""

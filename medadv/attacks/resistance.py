@@ -7,9 +7,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..explain import Explanation
-from ..tasks import MultiClass, MultiLabel, Task
-from ..threats import Threat
+from ..tasks import MultiClass, MultiLabel
 from .base import register
 from .saliency import REFERENCE_PIXELS, SaliencyAttack
 
@@ -47,28 +45,9 @@ class SaliencyResistance(SaliencyAttack):
             record_trace, targeted, seed: see :class:`~medadv.attacks.saliency.SaliencyAttack`.
     """
 
-    def __init__(
-        self,
-        task: Task,
-        threat: Threat,
-        explanation: Explanation,
-        *,
-        label: int | Tensor | None = None,
-        steps: int | None = None,
-        lr: float = 2e-4,
-        optimizer: str = "adam",
-        prefactors: tuple[float, float] | None = None,
-        beta: float | tuple[float, float] | None = None,
-        check_every: int = 1,
-        record_trace: bool = False,
-        targeted: bool = False,
-        seed: int | None = 0,
-    ) -> None:
-        if targeted and isinstance(task, MultiLabel):
+    def _check_settings(self) -> None:
+        if self.targeted and isinstance(self.task, MultiLabel):
             raise ValueError("`targeted` is not supported for MultiLabel: the attack flips the chosen `label`")
-        super().__init__(task, threat, explanation, label=label, steps=steps, lr=lr, optimizer=optimizer,
-                         prefactors=prefactors, beta=beta, check_every=check_every, record_trace=record_trace,
-                         targeted=targeted, seed=seed)
 
     def _default_steps(self) -> int:
         return RESISTANCE_STEPS.get(self.explanation.name, 50)

@@ -123,6 +123,10 @@ class SaliencyAttack(Attack):
             raise ValueError(f"`check_every` must be >= 1, got {check_every}")
         self.check_every = int(check_every)
         self.record_trace = bool(record_trace)
+        self._check_settings()
+
+    def _check_settings(self) -> None:
+        """Test-specific validation of the constructor arguments (raise ValueError)."""
 
     # --- what differs between the two tests --------------------------------------------------------------
     def _default_steps(self) -> int:

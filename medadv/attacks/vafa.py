@@ -160,26 +160,27 @@ class _FrequencyAttack(Attack):
         # constant slices have no range to stretch: fall back to /255 instead of dividing by ~0
         return torch.where(span > 1e-6, (grey - mn) / (span + 1e-8), plain)
 
-    def _ssim_term(self, u: Tensor, u_adv: Tensor) -> Tensor:
-        """``1 − mean blockwise SSIM`` per sample ``(N,)`` (blocks as the batch, any channel count)."""
-        n = u.shape[0]
-        a = to_blocks(pad_to_multiple(self._fold(u), self.block), self.block)
-        b = to_blocks(pad_to_multiple(self._fold(u_adv), self.block), self.block)
-        a = a.reshape(-1, 1, *self.block)
-        b = b.reshape(-1, 1, *self.block)
-        s = ssim(a, b, data_range=1.0, win_size=self.ssim_window, nonnegative=True)
-        return 1.0 - s.reshape(n, -1).mean(dim=1)
+    def _blocks(self, u: Tensor) -> Tensor:
+        """``(N, C, *spatial)`` -> ``(N·C·n_blocks, 1, *block)``: blocks as the batch, any channel count."""
+        return to_blocks(pad_to_multiple(self._fold(u), self.block), self.block).reshape(-1, 1, *self.block)
+
+    def _ssim_term(self, clean_blocks: Tensor, u_adv: Tensor) -> Tensor:
+        """``1 − mean blockwise SSIM`` per sample ``(N,)``."""
+        s = ssim(clean_blocks, self._blocks(u_adv), data_range=1.0, win_size=self.ssim_window, nonnegative=True)
+        return 1.0 - s.reshape(u_adv.shape[0], -1).mean(dim=1)
 
     def _setup(self, x: Tensor) -> dict[str, Any]:
-        """Per-call constants: the clean block coefficients do not depend on q (one DCT per call)."""
+        """Per-call constants: the clean block coefficients (and SSIM blocks) do not depend on q."""
         self._range.check_inside(x, "x")
         lo, hi = self._lohi(x)
         u = (x - lo) / (hi - lo)  # [0, 1]
         folded = self._fold(u)
-        coeffs = dct_blocks(to_blocks(pad_to_multiple(255.0 * folded - 128.0, self.block), self.block),
-                            self.block_ndim).detach()
-        return {"lo": lo, "hi": hi, "u": u, "coeffs": coeffs, "spatial": folded.shape[2:],
-                "padded": pad_to_multiple(folded, self.block).shape[2:]}
+        padded = pad_to_multiple(255.0 * folded - 128.0, self.block)
+        coeffs = dct_blocks(to_blocks(padded, self.block), self.block_ndim).detach()
+        ctx = {"lo": lo, "hi": hi, "u": u, "coeffs": coeffs, "spatial": folded.shape[2:], "padded": padded.shape[2:]}
+        if self.use_ssim:
+            ctx["clean_blocks"] = self._blocks(u)
+        return ctx
 
     def _objective(self, model: nn.Module, q: Tensor, ctx: dict[str, Any], y: Tensor,
                    alpha: float) -> tuple[Tensor, Tensor, Tensor]:
@@ -191,7 +192,7 @@ class _FrequencyAttack(Attack):
         loss = self.task.loss(model(x_adv), y)
         obj = loss if self.targeted else -loss
         if self.use_ssim:
-            obj = obj + self._ssim_term(ctx["u"], u_adv)
+            obj = obj + self._ssim_term(ctx["clean_blocks"], u_adv)
         return obj, loss, x_adv
 
     def _step(self, q: Tensor, g: Tensor) -> Tensor:

@@ -15,8 +15,9 @@ import torch
 from torch import Tensor, nn
 
 from ..tasks import Task
+from ..threats import Threat
 
-__all__ = ["TrainingStrategy"]
+__all__ = ["TrainingStrategy", "check_inner_attack"]
 
 
 class TrainingStrategy(ABC):
@@ -39,3 +40,13 @@ class TrainingStrategy(ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
+
+
+def check_inner_attack(threat: Any, steps: Any, step_size: Any) -> None:
+    """Validate the train-time PGD settings shared by the strategies (threat, step count, step size)."""
+    if not isinstance(threat, Threat):
+        raise TypeError(f"`threat` must be a medadv Threat (Linf, L2), got {threat!r}")
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"`steps` must be an integer >= 1, got {steps!r}")
+    if step_size is not None and not float(step_size) >= 0:
+        raise ValueError(f"`step_size` must be >= 0, got {step_size}")

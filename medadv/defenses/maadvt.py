@@ -9,9 +9,9 @@ from torch import Tensor, nn
 
 from ..tasks import Task
 from ..threats import Threat
-from .base import TrainingStrategy
+from .base import TrainingStrategy, check_inner_attack
 from .pgd_at import adversarial_examples
-from .trades import kl_elements, log_distribution
+from .trades import kl_elements
 
 __all__ = ["MAAdvT"]
 
@@ -64,10 +64,7 @@ class MAAdvT(TrainingStrategy):
 
     def __init__(self, threat: Threat, *, steps: int = 4, step_size: float | None = None, beta: float = 6.0,
                  boosted_ce: bool = True, detach_weight: bool = False) -> None:
-        if not isinstance(threat, Threat):
-            raise TypeError(f"`threat` must be a medadv Threat (Linf, L2), got {threat!r}")
-        if not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"`steps` must be an integer >= 1, got {steps!r}")
+        check_inner_attack(threat, steps, step_size)
         if not float(beta) >= 0:
             raise ValueError(f"`beta` must be >= 0, got {beta}")
         self.threat, self.steps, self.step_size = threat, steps, step_size
@@ -75,7 +72,7 @@ class MAAdvT(TrainingStrategy):
 
     def criterion(self, logits_nat: Tensor, logits_adv: Tensor, y: Tensor, task: Task) -> Tensor:
         """The MART objective from clean and adversarial logits (scalar)."""
-        log_adv, log_nat = log_distribution(task, logits_adv), log_distribution(task, logits_nat)
+        log_adv, log_nat = task.log_probs(logits_adv), task.log_probs(logits_nat)
         target = task.distributions(logits_adv, y)[1]  # one-hot / Bernoulli pair, zero where ignored
         adv_term = -(target * log_adv).sum(dim=1)
         if self.boosted_ce:

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from ..attacks.pgd import PGD
 from ..tasks import Task
 from ..threats import Threat
-from .base import TrainingStrategy
+from .base import TrainingStrategy, check_inner_attack
 from .trainer import draw_seed
 
 __all__ = ["PGDAT", "adversarial_examples"]
@@ -43,12 +43,7 @@ class PGDAT(TrainingStrategy):
     name = "pgd_at"
 
     def __init__(self, threat: Threat, *, steps: int = 4, step_size: float | None = None) -> None:
-        if not isinstance(threat, Threat):
-            raise TypeError(f"`threat` must be a medadv Threat (Linf, L2), got {threat!r}")
-        if not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"`steps` must be an integer >= 1, got {steps!r}")
-        if step_size is not None and not float(step_size) >= 0:
-            raise ValueError(f"`step_size` must be >= 0, got {step_size}")
+        check_inner_attack(threat, steps, step_size)
         self.threat, self.steps, self.step_size = threat, steps, step_size
 
     def loss(self, model: nn.Module, x: Tensor, y: Tensor, task: Task, generator: torch.Generator) -> Tensor:

@@ -10,23 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attacks.gradient import GradientAttack
-from ..tasks import MultiLabel, Task
+from ..tasks import Task
 from ..threats import Threat
-from .base import TrainingStrategy
+from .base import TrainingStrategy, check_inner_attack
 from .trainer import draw_seed
 
-__all__ = ["TRADES", "log_distribution", "kl_elements"]
-
-
-def log_distribution(task: Task, logits: Tensor) -> Tensor:
-    """Log-probabilities with the class axis at dim 1: ``(N, K, *E)``, or ``(N, 2, L)`` for multi-label."""
-    if isinstance(task, MultiLabel):
-        return torch.stack((F.logsigmoid(logits), F.logsigmoid(-logits)), dim=1)
-    return logits.log_softmax(dim=1)
+__all__ = ["TRADES", "kl_elements"]
 
 
 def kl_elements(log_p: Tensor, log_q: Tensor) -> Tensor:
@@ -40,14 +32,14 @@ class _KLAttack(GradientAttack):
     needs_clean_logits = True  # the KL reference is the clean prediction
 
     def perturb(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor):
-        self._ref = log_distribution(self.task, logits).detach()
+        self._ref = self.task.log_probs(logits).detach()
         try:
             return super().perturb(model, x, y, logits)
         finally:
             self._ref = None
 
     def objective(self, logits: Tensor, y: Tensor, step: int) -> Tensor:
-        return self.task.reduce(kl_elements(self._ref, log_distribution(self.task, logits)), y)
+        return self.task.reduce(kl_elements(self._ref, self.task.log_probs(logits)), y)
 
 
 class TRADES(TrainingStrategy):
@@ -71,10 +63,7 @@ class TRADES(TrainingStrategy):
     name = "trades"
 
     def __init__(self, threat: Threat, *, steps: int = 10, step_size: float | None = None, beta: float = 6.0) -> None:
-        if not isinstance(threat, Threat):
-            raise TypeError(f"`threat` must be a medadv Threat (Linf, L2), got {threat!r}")
-        if not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"`steps` must be an integer >= 1, got {steps!r}")
+        check_inner_attack(threat, steps, step_size)
         if not float(beta) >= 0:
             raise ValueError(f"`beta` must be >= 0, got {beta}")
         self.threat, self.steps, self.step_size, self.beta = threat, steps, step_size, float(beta)
@@ -87,7 +76,7 @@ class TRADES(TrainingStrategy):
     def criterion(self, logits_nat: Tensor, logits_adv: Tensor, y: Tensor, task: Task) -> Tensor:
         """The TRADES objective from clean and adversarial logits (scalar)."""
         natural = task.loss(logits_nat, task.to_target(y, logits_nat)).mean()
-        kl = kl_elements(log_distribution(task, logits_nat), log_distribution(task, logits_adv))
+        kl = kl_elements(task.log_probs(logits_nat), task.log_probs(logits_adv))
         return natural + self.beta * task.reduce(kl, y).mean()
 
     def loss(self, model: nn.Module, x: Tensor, y: Tensor, task: Task, generator: torch.Generator) -> Tensor:

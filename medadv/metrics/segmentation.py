@@ -26,12 +26,15 @@ def _check(pred: Tensor, y: Tensor, num_classes: int) -> None:
 
 
 def dice_per_class(pred: Tensor, y: Tensor, num_classes: int) -> Tensor:
-    """Dice ``(N, C)`` of label maps; NaN where a class is absent from both prediction and label."""
-    _check(pred, y, num_classes)
-    from monai.metrics import compute_dice
+    """Dice ``(N, C)`` of label maps; 1 where a class is absent from both prediction and label.
 
-    return compute_dice(_one_hot(pred, num_classes), _one_hot(y, num_classes), include_background=True,
-                        ignore_empty=False, num_classes=num_classes)
+    The same values as MONAI's ``compute_dice(include_background=True, ignore_empty=False)``, computed by
+    :meth:`medadv.tasks.Segmentation.dice` (one confusion count, no one-hot tensors).
+    """
+    _check(pred, y, num_classes)
+    from ..tasks import Segmentation
+
+    return Segmentation(num_classes).dice(pred, y)
 
 
 def hd95_per_class(pred: Tensor, y: Tensor, num_classes: int, spacing: float | Sequence[float] | None = None,

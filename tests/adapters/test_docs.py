@@ -28,4 +28,6 @@ def test_every_toolkit_has_an_example():
 @pytest.mark.parametrize("index", range(len(_blocks())))
 def test_example_runs(index):
     torch.manual_seed(0)
+    # each example ends by checking its own result (an AssertionError fails the test)
+    assert re.search(r"^assert ", _blocks()[index], flags=re.M), "the example must assert what it shows"
     exec(compile(_blocks()[index], f"adapters-example-{index}", "exec"), {"__name__": "__example__"})

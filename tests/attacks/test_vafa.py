@@ -141,8 +141,8 @@ def test_ssim_term_uses_every_channel():
     u = torch.rand(1, 2, 8, 8, 8)
     v = u.clone()
     v[:, 1] = torch.rand(1, 8, 8, 8)  # only channel 1 differs
-    assert float(attack._ssim_term(u, v)) > 0.1
-    assert float(attack._ssim_term(u, u)) < 1e-6
+    assert float(attack._ssim_term(attack._blocks(u), v)) > 0.1
+    assert float(attack._ssim_term(attack._blocks(u), u)) < 1e-6
     blocks = to_blocks(pad_to_multiple(u.reshape(2, 1, 8, 8, 8), (4, 4, 4)), (4, 4, 4))
     assert blocks.shape == (2, 1, 8, 4, 4, 4)
 
