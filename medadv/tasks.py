@@ -329,6 +329,8 @@ class Segmentation(Task):
         loss: ``"ce"`` (per-voxel cross-entropy), ``"dice"`` or ``"dicece"`` (MONAI soft Dice, plus CE).
         dice_threshold: untargeted ``fooled`` — mean Dice of the prediction against ``y`` below this.
         target_fraction: targeted ``fooled`` — at least this fraction of valid voxels at the target.
+        squared_pred: square the probabilities and targets in the Dice denominator (MONAI's
+            ``squared_pred``; Hanif et al.'s and Malik et al.'s VAFA code use it with ``loss="dicece"``).
     """
 
     name = "segmentation"
@@ -341,6 +343,7 @@ class Segmentation(Task):
         loss: str = "ce",
         dice_threshold: float = 0.5,
         target_fraction: float = 0.99,
+        squared_pred: bool = False,
     ) -> None:
         if int(num_classes) < 2:
             raise ValueError(f"`num_classes` must be >= 2, got {num_classes}")
@@ -356,6 +359,9 @@ class Segmentation(Task):
         self.loss_name = loss
         self.dice_threshold = float(dice_threshold)
         self.target_fraction = float(target_fraction)
+        if not isinstance(squared_pred, bool):
+            raise TypeError(f"`squared_pred` must be True or False, got {squared_pred!r}")
+        self.squared_pred = squared_pred
 
     # --- validation ---------------------------------------------------------------------------------
     def validate_logits(self, logits: Tensor) -> None:
@@ -407,14 +413,16 @@ class Segmentation(Task):
         if weight is None:
             from monai.losses import DiceLoss
 
-            per = DiceLoss(include_background=self.include_background, reduction="none")(probs, target)
+            per = DiceLoss(include_background=self.include_background, squared_pred=self.squared_pred,
+                           reduction="none")(probs, target)
             return per.reshape(per.shape[0], -1).mean(dim=1)
         # Voxel-weighted soft Dice (for CosPGD/SegPGD weightings): weights enter both sums, which
         # reduces exactly to MONAI's formula (smooth_nr = smooth_dr = 1e-5) when all weights are 1.
         w = weight.unsqueeze(1).to(probs.dtype)
         dims = tuple(range(2, probs.ndim))
         inter = (w * probs * target).sum(dims)
-        denom = (w * probs).sum(dims) + (w * target).sum(dims)
+        p2, t2 = (probs * probs, target * target) if self.squared_pred else (probs, target)
+        denom = (w * p2).sum(dims) + (w * t2).sum(dims)
         dice = 1.0 - (2.0 * inter + 1e-5) / (denom + 1e-5)
         if not self.include_background:
             dice = dice[:, 1:]
@@ -545,5 +553,6 @@ class Segmentation(Task):
     def __repr__(self) -> str:
         return (
             f"Segmentation(num_classes={self.num_classes}, include_background={self.include_background}, "
-            f"ignore_index={self.ignore_index}, loss={self.loss_name!r})"
+            f"ignore_index={self.ignore_index}, loss={self.loss_name!r}"
+            + (", squared_pred=True" if self.squared_pred else "") + ")"
         )

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["Threat", "Linf", "L2", "Bounds", "per_sample_norm"]
+__all__ = ["Box", "Threat", "Linf", "L2", "Bounds", "per_sample_norm"]
 
 BoundValue = float | Tensor
 Bounds = tuple[BoundValue, BoundValue]
@@ -50,38 +50,65 @@ def _broadcasts_to(shape: torch.Size, target: torch.Size) -> bool:
         return False
 
 
-class Threat(ABC):
-    """A norm ball of radius ``eps`` (data units) intersected with the data bounds.
+class Box:
+    """The data bounds: where valid inputs live, in the data's own units.
 
-    Args:
-        eps: radius of the ball in the data's units; ``>= 0``.
-        bounds: ``(lo, hi)`` valid data range (scalars or tensors broadcastable to the input), or
-            ``None`` for unbounded data. Required: there is no default range.
+    ``Box(lo, hi)`` with scalars or tensors broadcastable to the input (per-channel ranges of multi-modal
+    MRI: shape ``(C, 1, 1)`` in 2-D, ``(C, 1, 1, 1)`` in 3-D), or ``Box.unbounded()`` (also ``Box(None)``)
+    for data without bounds. There is no default range: medadv never assumes [0, 1].
+
+    A threat model is a box plus a norm ball; attacks whose constraint is not an Lp ball (VAFA, DAG without
+    ε, GAP's clipping) take the box alone.
     """
 
-    p: float = math.inf
+    def __init__(self, lo: BoundValue | Bounds | Box | None, hi: BoundValue | None = None) -> None:
+        if isinstance(lo, Box) and hi is None:
+            self.bounds: Bounds | None = lo.bounds
+            return
+        if hi is None and isinstance(lo, Sequence) and not isinstance(lo, str | Tensor):
+            if len(lo) != 2:
+                raise TypeError(f"`bounds` must be a (lo, hi) pair, a Box or None, got {lo!r}")
+            lo, hi = lo[0], lo[1]
+        if lo is None and hi is None:
+            self.bounds = None
+            return
+        if lo is None or hi is None:
+            raise TypeError("`bounds` needs both lo and hi (or None for unbounded data)")
+        lo_, hi_ = _as_bound(lo, "lo"), _as_bound(hi, "hi")  # type: ignore[arg-type]
+        if not bool(torch.all(torch.as_tensor(lo_) < torch.as_tensor(hi_))):
+            raise ValueError(f"`bounds` must satisfy lo < hi, got ({lo!r}, {hi!r})")
+        self.bounds = (lo_, hi_)
 
-    def __init__(self, eps: float, *, bounds: Bounds | None) -> None:
-        try:
-            eps = float(eps)
-        except (TypeError, ValueError):
-            raise TypeError(f"`eps` must be a number, got {type(eps).__name__}") from None
-        if not math.isfinite(eps) or eps < 0:
-            raise ValueError(f"`eps` must be a finite number >= 0, got {eps}")
-        self.eps = eps
-        if bounds is None:
-            self.bounds: Bounds | None = None
-        else:
-            if not isinstance(bounds, Sequence) or len(bounds) != 2:
-                raise TypeError(f"`bounds` must be a (lo, hi) pair or None, got {bounds!r}")
-            lo, hi = _as_bound(bounds[0], "lo"), _as_bound(bounds[1], "hi")
-            if not bool(torch.all(torch.as_tensor(lo) < torch.as_tensor(hi))):
-                raise ValueError(f"`bounds` must satisfy lo < hi, got {bounds!r}")
-            self.bounds = (lo, hi)
+    @classmethod
+    def unbounded(cls) -> Box:
+        return cls(None)
 
-    # --- bounds ------------------------------------------------------------------------------------------
+    @classmethod
+    def coerce(cls, value: Box | Bounds | None, name: str = "bounds") -> Box:
+        """A :class:`Box` from a Box, a ``(lo, hi)`` pair or ``None`` (unbounded)."""
+        if isinstance(value, Box):
+            return value
+        if value is None:
+            return cls(None)
+        if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
+            return cls(value[0], value[1])
+        raise TypeError(f"`{name}` must be a (lo, hi) pair, a medadv Box or None (unbounded), got {value!r}")
+
+    @property
+    def bounded(self) -> bool:
+        return self.bounds is not None
+
+    @property
+    def lo(self) -> BoundValue | None:
+        return None if self.bounds is None else self.bounds[0]
+
+    @property
+    def hi(self) -> BoundValue | None:
+        return None if self.bounds is None else self.bounds[1]
+
     def _bound(self, i: int, like: Tensor) -> BoundValue:
-        b = self.bounds[i]  # type: ignore[index]
+        assert self.bounds is not None
+        b = self.bounds[i]
         if not isinstance(b, Tensor):
             return b
         # cached per device/dtype: clip runs every attack step, a host-to-device copy each time would sync
@@ -91,8 +118,16 @@ class Threat(ABC):
             cache[key] = b.to(device=like.device, dtype=like.dtype)
         return cache[key]
 
+    def lohi(self, like: Tensor) -> tuple[Tensor, Tensor]:
+        """Both bounds as tensors on ``like``'s device and dtype (bounded boxes only)."""
+        if self.bounds is None:
+            raise ValueError("this Box is unbounded: it has no (lo, hi)")
+        lo, hi = self._bound(0, like), self._bound(1, like)
+        return (torch.as_tensor(lo, device=like.device, dtype=like.dtype),
+                torch.as_tensor(hi, device=like.device, dtype=like.dtype))
+
     def clip(self, x: Tensor) -> Tensor:
-        """Clip to the data bounds (identity when unbounded)."""
+        """Clip to the bounds (identity when unbounded)."""
         if self.bounds is None:
             return x
         lo, hi = self._bound(0, x), self._bound(1, x)
@@ -102,7 +137,7 @@ class Threat(ABC):
         return x.clamp(lo, hi)
 
     def check_inside(self, x: Tensor, name: str = "x") -> None:
-        """Raise ``ValueError`` if ``x`` lies outside the declared bounds (or they do not fit its shape)."""
+        """Raise ``ValueError`` if ``x`` lies outside the bounds (or they do not fit its shape)."""
         if self.bounds is None:
             return
         lo, hi = self._bound(0, x), self._bound(1, x)
@@ -116,14 +151,86 @@ class Threat(ABC):
         if bool((x < lo).any()) or bool((x > hi).any()):
             raise ValueError(
                 f"`{name}` has values in [{float(x.min()):.6g}, {float(x.max()):.6g}], outside the declared "
-                f"bounds {self.describe_bounds()}; rescale the data or declare the right bounds"
+                f"bounds {self.describe()}; rescale the data or declare the right bounds"
             )
 
-    def describe_bounds(self) -> str:
+    def data_range(self, x: Tensor | None = None) -> float:
+        """``hi − lo`` as one number (the widest channel for per-channel bounds; ``x``'s range if unbounded)."""
+        if self.bounds is None:
+            if x is None:
+                raise ValueError("an unbounded Box has no data range; pass the data")
+            return float(x.max() - x.min()) or 1.0
+        return float((torch.as_tensor(self.bounds[1]) - torch.as_tensor(self.bounds[0])).max())
+
+    def describe(self) -> str:
         if self.bounds is None:
             return "None"
         parts = [f"{b:.6g}" if not isinstance(b, Tensor) else f"tensor{tuple(b.shape)}" for b in self.bounds]
         return f"({parts[0]}, {parts[1]})"
+
+    def fingerprint(self) -> str:
+        from .params import stable_hash
+
+        return stable_hash(None if self.bounds is None else list(self.bounds))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Box) and self.fingerprint() == other.fingerprint()
+
+    def __hash__(self) -> int:
+        return hash(self.fingerprint())
+
+    def __repr__(self) -> str:
+        return f"Box{self.describe()}" if self.bounds is not None else "Box.unbounded()"
+
+
+class Threat(ABC):
+    """A norm ball of radius ``eps`` (data units) intersected with the data box.
+
+    Args:
+        eps: radius of the ball in the data's units; ``>= 0``.
+        bounds: the data box: a :class:`Box`, a ``(lo, hi)`` pair (scalars or tensors broadcastable to the
+            input), or ``None`` for unbounded data. Required: there is no default range.
+    """
+
+    p: float = math.inf
+
+    def __init__(self, eps: float, *, bounds: Box | Bounds | None) -> None:
+        if isinstance(eps, bool):
+            raise TypeError("`eps` must be a number, got bool")
+        try:
+            eps = float(eps)
+        except (TypeError, ValueError):
+            raise TypeError(f"`eps` must be a number, got {type(eps).__name__}") from None
+        if not math.isfinite(eps) or eps < 0:
+            raise ValueError(f"`eps` must be a finite number >= 0, got {eps}")
+        self.eps = eps
+        self.box = Box.coerce(bounds)
+
+    @property
+    def bounds(self) -> Bounds | None:
+        """The box's ``(lo, hi)`` (``None`` when unbounded)."""
+        return self.box.bounds
+
+    def with_eps(self, eps: float) -> Threat:
+        """The same geometry and box with another radius."""
+        return type(self)(eps, bounds=self.box)
+
+    # --- bounds ------------------------------------------------------------------------------------------
+    def clip(self, x: Tensor) -> Tensor:
+        """Clip to the data bounds (identity when unbounded)."""
+        return self.box.clip(x)
+
+    def check_inside(self, x: Tensor, name: str = "x") -> None:
+        """Raise ``ValueError`` if ``x`` lies outside the declared bounds (or they do not fit its shape)."""
+        self.box.check_inside(x, name)
+
+    def describe_bounds(self) -> str:
+        return self.box.describe()
+
+    def fingerprint(self) -> str:
+        from .params import stable_hash
+
+        return stable_hash({"norm": type(self).__name__, "eps": repr(self.eps), "box": self.box.fingerprint()})
 
     # --- geometry ------------------------------------------------------------------------------------------
     def norm(self, delta: Tensor) -> Tensor:

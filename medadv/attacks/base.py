@@ -1,27 +1,33 @@
 """The attack interface shared by every medadv attack.
 
-An attack is configured once (task, threat model, hyper-parameters) and then called as
-``attack(model, x, y) -> AttackResult``. The call never modifies ``x``, ``y`` or the model: the model is
-put in eval mode with its parameters frozen for the attack, and both are restored afterwards.
+An attack is configured once (task, threat model or data box, declared hyper-parameters) and then
+called as ``attack(model, x, y) -> AttackResult``. The call never modifies ``x``, ``y`` or the model:
+the model is put in eval mode with its parameters frozen for the attack, and both are restored
+afterwards. ``__call__`` is final: an attack implements :meth:`Attack.perturb` only (Foolbox 3's
+``run``), and iterative attacks plug hooks into :class:`~medadv.attacks.engine.IterativeAttack`.
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, final
 
 import torch
 from torch import Tensor, nn
 
+from ..params import Bool, Configurable, InvalidParameterError, Optional, closest
+from ..params import Int as _Int
+from ..runtime import attack_mode, check_input, check_model, forward_tensor, make_generator, model_device
 from ..tasks import Task
-from ..threats import Threat, per_sample_norm
+from ..threats import Box, Threat, per_sample_norm
 
 __all__ = [
     "Attack",
     "AttackResult",
+    "AttackDetails",
     "attack_mode",
     "check_input",
     "model_device",
@@ -29,7 +35,30 @@ __all__ = [
     "register",
     "get_attack",
     "available_attacks",
+    "attack_class",
 ]
+
+
+@dataclass
+class AttackDetails:
+    """Attack-specific outputs, typed. Subclasses are dataclasses whose ``columns`` name the per-sample
+    ``(N,)`` fields that :func:`~medadv.evaluate` copies into each result row (as ``<column>``)."""
+
+    columns: ClassVar[tuple[str, ...]] = ()
+
+    def row(self, i: int) -> dict[str, Any]:
+        """The declared per-sample columns of sample ``i`` as plain Python values."""
+        out: dict[str, Any] = {}
+        for c in self.columns:
+            v = getattr(self, c)
+            v = v[i] if isinstance(v, Tensor) and v.ndim >= 1 else v
+            if isinstance(v, Tensor):
+                v = v.item() if v.numel() == 1 else v.detach().cpu().tolist()
+            out[c] = v
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 @dataclass
@@ -44,7 +73,7 @@ class AttackResult:
         logits: model output on ``x_adv`` (detached).
         y: the labels the attack used (the clean prediction when the caller passed ``y=None``).
         trace: optional per-step records (attack-specific, e.g. loss or fooled fraction per step).
-        extras: attack-specific outputs (e.g. VAFA quantisation tables).
+        details: typed attack-specific outputs (:class:`AttackDetails` subclass) or ``None``.
     """
 
     x_adv: Tensor
@@ -54,99 +83,85 @@ class AttackResult:
     logits: Tensor
     y: Tensor
     trace: dict[str, Any] | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
+    details: AttackDetails | None = None
+
+    @property
+    def extras(self) -> dict[str, Any]:
+        """``details`` as a plain dict (empty when the attack has none)."""
+        return {} if self.details is None else self.details.as_dict()
 
     @property
     def fooling_rate(self) -> float:
         return float(self.fooled.float().mean()) if self.fooled.numel() else 0.0
 
-
-def model_device(model: nn.Module, default: torch.device | None = None) -> torch.device:
-    """The device of the model's first parameter or buffer (``default`` or CPU if it has none)."""
-    for t in model.parameters():
-        return t.device
-    for t in model.buffers():
-        return t.device
-    return default or torch.device("cpu")
+    def rows(self) -> list[dict[str, Any]]:
+        """Per-sample columns of the typed details (empty dicts when there are none)."""
+        n = self.fooled.shape[0]
+        return [{} if self.details is None else self.details.row(i) for i in range(n)]
 
 
-@contextlib.contextmanager
-def attack_mode(model: nn.Module) -> Iterator[nn.Module]:
-    """Eval mode and frozen parameters for the duration of an attack; both restored afterwards.
-
-    Freezing parameters means the backward pass computes gradients to the input only (no wasted
-    weight gradients), and the caller's ``.grad`` buffers are left untouched.
-    """
-    modes = [(m, m.training) for m in model.modules()]
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    model.eval()
-    for p, _ in flags:
-        p.requires_grad_(False)
-    try:
-        yield model
-    finally:
-        for m, training in modes:
-            m.training = training
-        for p, rg in flags:
-            p.requires_grad_(rg)
-
-
-def check_input(x: Any, threat: Threat | None = None, name: str = "x") -> Tensor:
-    """Validate an input batch: a non-empty floating tensor with finite values inside the bounds."""
-    if not isinstance(x, Tensor):
-        raise TypeError(f"`{name}` must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"`{name}` must be a floating-point tensor, got dtype {x.dtype}")
-    if x.ndim < 2:
-        raise ValueError(f"`{name}` must be batch-first (N, C, ...), got shape {tuple(x.shape)}")
-    if x.shape[0] == 0:
-        raise ValueError(f"`{name}` is an empty batch (N = 0)")
-    if not torch.isfinite(x).all():
-        raise ValueError(f"`{name}` contains NaN or Inf values")
-    if threat is not None:
-        threat.check_inside(x, name)
-    return x
-
-
-def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
-    """A seeded generator on ``device`` (``None`` when no seed: use the global RNG)."""
-    if seed is None:
-        return None
-    g = torch.Generator(device=device)
-    g.manual_seed(int(seed))
-    return g
-
-
-class Attack(ABC):
+class Attack(Configurable, ABC):
     """Base class: ``attack(model, x, y=None) -> AttackResult``.
 
-    Subclasses implement :meth:`perturb`, which receives validated inputs on the model's device with
-    the model already in attack mode, and returns the adversarial batch.
+    Subclasses declare their hyper-parameters in ``params`` (see :mod:`medadv.params`) and implement
+    :meth:`perturb`, which receives validated inputs on the model's device with the model already in
+    attack mode, and returns the adversarial batch (optionally with typed details and a trace).
 
     Args:
         task: what the model output means (:class:`~medadv.tasks.Task`).
-        threat: the search set (:class:`~medadv.threats.Threat`), or ``None`` for attacks whose
-            constraint is not an Lp ball (they then take ``bounds`` themselves).
+        threat: the search set. ``threat_kind = "ball"`` attacks take a :class:`~medadv.threats.Threat`
+            (norm ball + data box); ``"box"`` attacks (not Lp-bounded: VAFA, GAP's clipping) take a
+            :class:`~medadv.threats.Box`; ``"ball_or_box"`` attacks (DAG) take either.
         targeted: if True, ``y`` is a target (class, label vector or label map) that the attack drives
             the prediction towards; otherwise it drives the prediction away from ``y``.
-        seed: seed for the attack's own random numbers (same seed, same adversarial tensor).
+        seed: seed for the attack's own random numbers (same seed, same adversarial tensor); ``None``
+            uses torch's global RNG (medadv never re-seeds it).
     """
 
     name: str = "attack"
+    positional: ClassVar[tuple[str, ...]] = ("task", "threat")
+    params: ClassVar[dict[str, Any]] = {"targeted": Bool(), "seed": Optional(_Int())}
+    #: what ``threat`` must be: "ball" (Linf/L2), "box" (data bounds only) or "ball_or_box"
+    threat_kind: ClassVar[str] = "ball"
+    #: norms a "ball" attack supports (threat class names)
+    norms: ClassVar[tuple[str, ...]] = ("Linf", "L2")
+    #: tasks the attack supports (task class names; empty = every task)
+    tasks: ClassVar[tuple[str, ...]] = ()
     #: whether ``perturb`` needs the clean logits; attacks that do not (the gradient family) save one
     #: forward pass when ``y`` is given and validate ``y`` against their own first forward instead
     needs_clean_logits: bool = True
 
-    def __init__(self, task: Task, threat: Threat | None, *, targeted: bool = False, seed: int | None = 0) -> None:
+    def __init__(self, task: Task, threat: Threat | Box | None, *, targeted: bool = False,
+                 seed: int | None = 0) -> None:
+        owner = type(self).__name__
         if not isinstance(task, Task):
             raise TypeError(f"`task` must be a medadv Task (MultiClass, MultiLabel, Segmentation), got {task!r}")
-        if threat is not None and not isinstance(threat, Threat):
-            raise TypeError(f"`threat` must be a medadv Threat (Linf, L2) or None, got {threat!r}")
+        if self.tasks and type(task).__name__ not in self.tasks and not any(
+                c.__name__ in self.tasks for c in type(task).__mro__):
+            raise TypeError(f"`task` of {owner} must be {' or '.join(self.tasks)}, got {task!r}")
         self.task = task
-        self.threat = threat
-        self.targeted = bool(targeted)
-        self.seed = seed
+        kind = self.threat_kind
+        if isinstance(threat, Threat):
+            if kind == "box":
+                raise TypeError(f"{owner} is not an Lp-ball attack: pass the data box, e.g. "
+                                f"{owner}(task, Box(lo, hi)) or {owner}(task, threat.box), not {threat!r}")
+            if type(threat).__name__ not in self.norms:
+                raise TypeError(f"`threat` of {owner} must be {' or '.join(self.norms)}, got {threat!r}")
+            self.threat: Threat | None = threat
+            self.box = threat.box
+        elif isinstance(threat, Box):
+            if kind == "ball":
+                raise TypeError(f"`threat` of {owner} must be a norm ball ({' or '.join(self.norms)}) with the "
+                                f"data box, e.g. Linf(eps, bounds=(lo, hi)); got the box {threat!r}")
+            self.threat, self.box = None, threat
+        else:
+            want = {"ball": f"a {' or '.join(self.norms)} threat with bounds",
+                    "box": "a Box (data bounds; Box.unbounded() for unbounded data)",
+                    "ball_or_box": f"a {' or '.join(self.norms)} threat or a Box"}[kind]
+            raise TypeError(f"`threat` of {owner} must be {want}, got {threat!r}")
+        self._init_params({"targeted": targeted, "seed": seed})
 
+    # --- properties used by evaluation, configs and reports ---------------------------------------------
     @property
     def budget(self) -> float | None:
         """The attack's budget in data units (the threat's ε), used as a column in results tables."""
@@ -154,12 +169,24 @@ class Attack(ABC):
 
     @property
     def bounds(self):
-        return None if self.threat is None else self.threat.bounds
+        """The data box's ``(lo, hi)`` (``None`` when unbounded)."""
+        return self.box.bounds
 
-    def __call__(self, model: nn.Module, x: Tensor, y: Tensor | None = None) -> AttackResult:
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}")
-        check_input(x, self.threat)
+    @property
+    def threat_or_box(self) -> Threat | Box:
+        return self.threat if self.threat is not None else self.box
+
+    def fingerprint(self) -> str:
+        from ..params import stable_hash
+
+        return stable_hash({"attack": super().fingerprint(), "task": repr(self.task),
+                            "threat": self.threat_or_box.fingerprint()})
+
+    # --- the call ------------------------------------------------------------------------------------------
+    def _check_call(self, model: Any, x: Any, y: Any) -> None:
+        """Validation shared by every attack, before any work."""
+        check_model(model)
+        check_input(x, self.box)
         if torch.is_inference_mode_enabled():
             raise RuntimeError("attacks need gradients: call them outside torch.inference_mode()")
         param = next((p for p in model.parameters() if p.is_floating_point()), None)
@@ -168,16 +195,22 @@ class Attack(ABC):
                             "convert one of them (medadv does not cast silently)")
         if self.targeted and y is None:
             raise ValueError("`y` (the target) is required for a targeted attack")
-        device = model_device(model, x.device)
-        x0 = x.detach().to(device)
         if y is not None and not isinstance(y, Tensor):
             raise TypeError(f"`y` must be a torch.Tensor, got {type(y).__name__}")
+
+    @final
+    def __call__(self, model: nn.Module, x: Tensor, y: Tensor | None = None, **call_args: Any) -> AttackResult:
+        self._check_call(model, x, y)
+        self._check_call_args(call_args)
+        device = model_device(model, x.device)
+        x0 = x.detach().to(device)
         with attack_mode(model):
             logits0 = None
             if y is None or self.needs_clean_logits:
                 with torch.no_grad():
-                    logits0 = model(x0)
+                    logits0 = forward_tensor(model, x0)
             if y is None:
+                assert logits0 is not None
                 y0 = self.task.predict(logits0)
             else:
                 # a copy: AttackResult.y must not alias the caller's tensor
@@ -185,10 +218,11 @@ class Attack(ABC):
             if logits0 is not None:
                 self.task.validate(logits0, y0, "y")
             y0 = self.task.to_target(y0, x0 if logits0 is None else logits0)
-            x_adv, extras, trace = self._run(model, x0, y0, logits0)
+            out = self.perturb(model, x0, y0, logits0, **call_args)
+            x_adv, details, trace = out if isinstance(out, tuple) else (out, None, None)
             x_adv = x_adv.detach()
             with torch.no_grad():
-                logits = model(x_adv)
+                logits = forward_tensor(model, x_adv)
             fooled = self.task.fooled(logits, y0, self.targeted)
         delta = x_adv - x0
         return AttackResult(
@@ -199,20 +233,23 @@ class Attack(ABC):
             logits=logits.detach(),
             y=y0,
             trace=trace,
-            extras=extras,
+            details=details,
         )
 
-    def _run(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor | None) -> tuple[Tensor, dict, dict | None]:
-        out = self.perturb(model, x, y, logits)
-        if isinstance(out, tuple):
-            x_adv, extras = out[0], out[1]
-            trace = out[2] if len(out) > 2 else None
-            return x_adv, extras, trace
-        return out, {}, None
+    #: extra keyword arguments ``__call__`` accepts (e.g. DAG's ``target_mask``)
+    call_args: ClassVar[tuple[str, ...]] = ()
+
+    def _check_call_args(self, call_args: Mapping[str, Any]) -> None:
+        for k in call_args:
+            if k not in self.call_args:
+                c = closest(k, self.call_args)
+                hint = f"; did you mean `{c}`?" if c else ""
+                raise TypeError(f"{type(self).__name__}() got an unexpected call argument `{k}`{hint}")
 
     @abstractmethod
-    def perturb(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor):
-        """Return the adversarial batch (or ``(x_adv, extras)`` / ``(x_adv, extras, trace)``).
+    def perturb(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor | None,
+                **call_args: Any) -> Tensor | tuple[Tensor, AttackDetails | None, dict[str, Any] | None]:
+        """Return the adversarial batch, or ``(x_adv, details, trace)``.
 
         ``x`` and ``y`` are on the model's device; ``logits`` is the clean output, already checked
         against ``y``. It is ``None`` only for attacks with ``needs_clean_logits = False`` called with
@@ -220,12 +257,9 @@ class Attack(ABC):
         Must not modify ``x`` in place.
         """
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(task={self.task!r}, threat={self.threat!r}, targeted={self.targeted})"
-
 
 # --- registry: names used by configs and the CLI -------------------------------------------------------------
-_REGISTRY: dict[str, Callable[..., Attack]] = {}
+_REGISTRY: dict[str, type[Attack]] = {}
 
 
 def register(name: str) -> Callable[[type], type]:
@@ -235,19 +269,34 @@ def register(name: str) -> Callable[[type], type]:
         key = name.lower()
         if key in _REGISTRY and _REGISTRY[key] is not cls:
             raise ValueError(f"attack name {name!r} is already registered to {_REGISTRY[key].__name__}")
-        _REGISTRY[key] = cls
-        cls.name = key
+        _REGISTRY[key] = cls  # type: ignore[assignment]
+        cls.name = key  # type: ignore[attr-defined]
         return cls
 
     return deco
 
 
-def get_attack(name: str, *args: Any, **kwargs: Any) -> Attack:
-    """Build a registered attack by name, e.g. ``get_attack("pgd", task=..., threat=..., steps=10)``."""
+def attack_class(name: str) -> type[Attack]:
+    """The registered class for ``name`` (case-insensitive; unknown names get the closest one)."""
     key = str(name).lower()
     if key not in _REGISTRY:
-        raise ValueError(f"unknown attack {name!r}; available: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[key](*args, **kwargs)
+        c = closest(key, _REGISTRY)
+        hint = f"; did you mean {c!r}?" if c else ""
+        raise InvalidParameterError(f"unknown attack {name!r}{hint} Available: {', '.join(sorted(_REGISTRY))}"
+                                    if hint else f"unknown attack {name!r}; available: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[key]
+
+
+def get_attack(name: str, task: Task, threat: Threat | Box | None = None, **params: Any) -> Attack:
+    """Build a registered attack by name, e.g. ``get_attack("pgd", task, threat, steps=10)``.
+
+    Unknown parameters are refused with the closest valid name; ``threat`` is passed through (a
+    :class:`~medadv.threats.Threat` for ball attacks; box attacks given a Threat refuse it, pass its
+    ``.box``).
+    """
+    cls = attack_class(name)
+    kwargs = cls.check_kwargs(params, what=f"attack {cls.name!r}")
+    return cls(task, threat, **kwargs)
 
 
 def available_attacks() -> list[str]:

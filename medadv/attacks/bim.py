@@ -25,7 +25,9 @@ class BIM(GradientAttack):
         targeted, seed, active_set, check_every, amp, record_trace: see :class:`GradientAttack`.
     """
 
-    def __init__(self, task: Task, threat: Threat, *, steps: int = 10, step_size: float | None = None, **kwargs):
-        if "random_start" in kwargs:
-            raise TypeError("BIM has no random start (use PGD for one); drop `random_start`")
-        super().__init__(task, threat, steps=steps, step_size=step_size, random_start=False, **kwargs)
+    def __init__(self, task: Task, threat: Threat, *, steps: int = 10, step_size: float | None = None,
+                 restarts: int = 1, targeted: bool = False, seed: int | None = 0, active_set: bool = False,
+                 check_every: int = 1, amp: bool = False, record_trace: bool = False) -> None:
+        super(GradientAttack, self).__init__(task, threat, targeted=targeted, seed=seed)
+        self._init_params(locals())
+        self.random_start = False  # BIM starts at the clean input (PGD has the random start)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from .base import register
+from .engine import StepContext
 from .gradient import GradientAttack
 
 __all__ = ["CosPGD"]
@@ -30,6 +31,6 @@ class CosPGD(GradientAttack):
         setting is ε = 0.03, α = 0.01 on [0, 1] images.
     """
 
-    def element_weights(self, logits: Tensor, y: Tensor, step: int) -> Tensor:
-        cos = self.task.target_cosine(logits.detach(), y)
+    def element_weights(self, logits: Tensor, ctx: StepContext) -> Tensor:
+        cos = self.task.target_cosine(logits.detach(), ctx.y)
         return 1.0 - cos if self.targeted else cos

@@ -23,6 +23,9 @@ class FGSM(GradientAttack):
         targeted: step down the loss towards the target ``y`` instead of up.
     """
 
-    def __init__(self, task: Task, threat: Threat, *, targeted: bool = False, seed: int | None = 0, amp: bool = False):
-        super().__init__(task, threat, steps=1, step_size=threat.eps if threat is not None else 0.0,
-                         random_start=False, targeted=targeted, seed=seed, amp=amp)
+    def __init__(self, task: Task, threat: Threat, *, targeted: bool = False, seed: int | None = 0,
+                 amp: bool = False) -> None:
+        # one step of length ε from the clean input; the loop options are not parameters of FGSM
+        super(GradientAttack, self).__init__(task, threat, targeted=targeted, seed=seed)
+        self._init_params(locals())
+        self.steps, self.step_size, self.random_start = 1, self.threat.eps, False  # type: ignore[union-attr]

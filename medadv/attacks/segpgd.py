@@ -9,6 +9,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from .base import register
+from .engine import StepContext
 from .gradient import GradientAttack
 
 __all__ = ["SegPGD"]
@@ -28,9 +29,9 @@ class SegPGD(GradientAttack):
         check_every, amp, record_trace: as for :class:`~medadv.attacks.pgd.PGD`.
     """
 
-    def element_weights(self, logits: Tensor, y: Tensor, step: int) -> Tensor:
-        lam = step / (2.0 * self.steps)  # step is 0-based: (t - 1) / (2T) with t = step + 1
-        correct = self.task.element_correct(logits.detach(), y).to(logits.dtype)
+    def element_weights(self, logits: Tensor, ctx: StepContext) -> Tensor:
+        lam = ctx.step / (2.0 * self.steps)  # step is 0-based: (t - 1) / (2T) with t = step + 1
+        correct = self.task.element_correct(logits.detach(), ctx.y).to(logits.dtype)
         if self.targeted:  # "correct" = already at the target: de-emphasise those first
             return lam * correct + (1.0 - lam) * (1.0 - correct)
         return (1.0 - lam) * correct + lam * (1.0 - correct)

@@ -117,21 +117,21 @@ def test_bad_eps_type_and_bounds():
 
 def test_bad_hyper_parameters():
     task, threat = MultiClass(), Linf(0.1, bounds=(0, 1))
-    with pytest.raises(ValueError, match=r"`steps` must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"`steps` of PGD must be an integer >= 1; got 0"):
         PGD(task, threat, steps=0)
-    with pytest.raises(ValueError, match=r"`restarts` must be >= 1"):
+    with pytest.raises(ValueError, match=r"`restarts` of PGD must be an integer >= 1"):
         PGD(task, threat, restarts=0)
-    with pytest.raises(ValueError, match=r"`check_every` must be >= 1"):
+    with pytest.raises(ValueError, match=r"`check_every` of PGD must be an integer >= 1"):
         PGD(task, threat, check_every=0)
-    with pytest.raises(ValueError, match=r"`step_size` must be a finite number >= 0"):
+    with pytest.raises(ValueError, match=r"`step_size` of PGD must be None or a finite number >= 0; got -1.0"):
         PGD(task, threat, step_size=-1.0)
-    with pytest.raises(TypeError, match=r"`threat` is required"):
+    with pytest.raises(TypeError, match=r"`threat` of PGD must be a Linf or L2 threat with bounds, got None"):
         PGD(task, None)
     with pytest.raises(TypeError, match=r"`task` must be a medadv Task"):
         PGD("multiclass", threat)
-    with pytest.raises(TypeError, match=r"`threat` must be a medadv Threat"):
+    with pytest.raises(TypeError, match=r"`threat` of PGD must be a Linf or L2 threat"):
         PGD(task, 0.1)
-    with pytest.raises(ValueError, match=r"unknown attack 'pgdd'; available: .*pgd"):
+    with pytest.raises(ValueError, match=r"unknown attack 'pgdd'; did you mean 'pgd'\?"):
         get_attack("pgdd", task=task, threat=threat)
 
 
@@ -258,7 +258,7 @@ def test_model_returning_a_tuple_gets_a_clear_error():
         def forward(self, x):
             return (self.lin(x.flatten(1)),)
 
-    with pytest.raises(TypeError, match="model output must be a Tensor"):
+    with pytest.raises(TypeError, match="the model returned a tuple, not one tensor of logits"):
         PGD(MultiClass(), Linf(0.1, bounds=(0.0, 1.0)), steps=1)(TupleNet(), torch.rand(2, 1, 2, 2), torch.tensor([0, 1]))
 
 

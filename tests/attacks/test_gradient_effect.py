@@ -18,6 +18,13 @@ from medadv.threats import L2, Linf
 ATTACKS = [FGSM, BIM, PGD, CosPGD, SegPGD]
 
 
+def _ctx(y, step):
+    """The per-sample context the engine hands to ``element_weights`` at ``step``."""
+    from medadv.attacks.engine import StepContext
+
+    return StepContext(step=step, steps=0, restart=0, index=torch.arange(y.shape[0]), x=y, y=y, clean_logits=None)
+
+
 def _attack(cls, task, eps, norm=Linf, steps=10, **kw):
     if cls is not FGSM:
         kw["steps"] = steps
@@ -157,7 +164,7 @@ def test_cospgd_weights_are_per_element_cosines(fixture, request):
     atk = CosPGD(t.task, Linf(0.05, bounds=(0, 1)), steps=3)
     logits = t.model(t.x).detach().requires_grad_(True)
     y = _mixed_labels(t, logits)
-    w = atk.element_weights(logits, y, 0)
+    w = atk.element_weights(logits, _ctx(y, 0))
     grid = t.task.element_loss(logits, y).shape
     assert w.shape == grid, "one weight per element of the task's grid (sample, label or voxel)"
     assert not w.requires_grad, "weights must be detached"
@@ -170,7 +177,7 @@ def test_cospgd_weights_are_per_element_cosines(fixture, request):
         ref = F.cosine_similarity(p, onehot, dim=1)
     torch.testing.assert_close(w, ref.detach(), atol=1e-5, rtol=1e-5)
     assert float(w.std()) > 1e-3, "weights should vary over elements (not the scalar mean variant)"
-    wt = CosPGD(t.task, Linf(0.05, bounds=(0, 1)), steps=3, targeted=True).element_weights(logits, y, 0)
+    wt = CosPGD(t.task, Linf(0.05, bounds=(0, 1)), steps=3, targeted=True).element_weights(logits, _ctx(y, 0))
     torch.testing.assert_close(wt, 1 - w)
 
 
@@ -179,8 +186,8 @@ def test_cospgd_gradient_treats_weights_as_constants(trained_seg2d):
     atk = CosPGD(t.task, Linf(0.05, bounds=(0, 1)), steps=3)
     logits = t.model(t.x[:2]).detach().requires_grad_(True)
     y = t.y[:2]
-    (g,) = torch.autograd.grad(atk.objective(logits, y, 0).sum(), logits)
-    w = atk.element_weights(logits, y, 0)
+    (g,) = torch.autograd.grad(atk.logits_objective(logits, _ctx(y, 0)).sum(), logits)
+    w = atk.element_weights(logits, _ctx(y, 0))
     (ref,) = torch.autograd.grad(t.task.loss(logits, y, w).sum(), logits)
     torch.testing.assert_close(g, ref)
     # differentiating through the cosine too would give a different gradient
@@ -204,15 +211,15 @@ def test_segpgd_lambda_schedule(fixture, steps, request):
     assert correct.any() and (~correct).any()
     for step in range(steps):  # 0-based step = t - 1
         lam = step / (2 * steps)
-        w = atk.element_weights(logits, y, step)
+        w = atk.element_weights(logits, _ctx(y, step))
         assert w.shape == correct.shape
         torch.testing.assert_close(w[correct], torch.full_like(w[correct], 1 - lam))
         torch.testing.assert_close(w[~correct], torch.full_like(w[~correct], lam))
-        wt = tgt.element_weights(logits, y, step)  # targeted: elements already at the target come second
+        wt = tgt.element_weights(logits, _ctx(y, step))  # targeted: elements already at the target come second
         torch.testing.assert_close(wt[correct], torch.full_like(wt[correct], lam))
         torch.testing.assert_close(wt[~correct], torch.full_like(wt[~correct], 1 - lam))
     # first step ignores wrong elements entirely; the last one is just under 1/2
-    assert float(atk.element_weights(logits, y, 0)[~correct].abs().max()) == 0.0
+    assert float(atk.element_weights(logits, _ctx(y, 0))[~correct].abs().max()) == 0.0
     assert (steps - 1) / (2 * steps) < 0.5
 
 
@@ -222,7 +229,7 @@ def test_segpgd_objective_is_the_weighted_sum_over_all_elements(trained_seg3d):
     atk = SegPGD(t.task, Linf(0.05, bounds=(0, 1)), steps=4)
     with torch.no_grad():
         logits = t.model(t.x)
-        obj = atk.objective(logits, t.y, 2)
+        obj = atk.logits_objective(logits, _ctx(t.y, 2))
     lam = 2 / 8
     ce = F.cross_entropy(logits, t.y, reduction="none").flatten(1)
     corr = (logits.argmax(1) == t.y).flatten(1).float()

@@ -1,0 +1,102 @@
+"""Runtime helpers shared by attacks, explanations, defenses and evaluation.
+
+The device of a model, the attack-mode context (eval mode + frozen parameters, both restored), input
+validation with clear errors, seeded generators, and a forward that refuses outputs medadv cannot read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["model_device", "attack_mode", "check_input", "check_model", "make_generator", "forward_tensor"]
+
+
+def model_device(model: nn.Module, default: torch.device | None = None) -> torch.device:
+    """The device of the model's first parameter or buffer (``default`` or CPU if it has none)."""
+    for t in model.parameters():
+        return t.device
+    for t in model.buffers():
+        return t.device
+    return default or torch.device("cpu")
+
+
+@contextlib.contextmanager
+def attack_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Eval mode and frozen parameters for the duration of an attack; both restored afterwards.
+
+    Freezing parameters means the backward pass computes gradients to the input only (no wasted
+    weight gradients), and the caller's ``.grad`` buffers are left untouched. Every submodule's own
+    train/eval flag is restored (not one flag for the whole model).
+    """
+    modes = [(m, m.training) for m in model.modules()]
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    model.eval()
+    for p, _ in flags:
+        p.requires_grad_(False)
+    try:
+        yield model
+    finally:
+        for m, training in modes:
+            m.training = training
+        for p, rg in flags:
+            p.requires_grad_(rg)
+
+
+def check_input(x: Any, box: Any = None, name: str = "x") -> Tensor:
+    """Validate an input batch: a non-empty floating tensor with finite values inside ``box``.
+
+    ``box`` is a :class:`~medadv.threats.Box`, a :class:`~medadv.threats.Threat` (its box) or ``None``.
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"`{name}` must be a torch.Tensor, got {type(x).__name__}")
+    if x.device.type == "meta":
+        raise ValueError(f"`{name}` is on the meta device (no data); materialise it (e.g. `.to_empty(...)`) first")
+    if not x.is_floating_point():
+        raise TypeError(f"`{name}` must be a floating-point tensor, got dtype {x.dtype}")
+    if x.ndim < 2:
+        raise ValueError(f"`{name}` must be batch-first (N, C, ...), got shape {tuple(x.shape)}")
+    if x.shape[0] == 0:
+        raise ValueError(f"`{name}` is an empty batch (N = 0)")
+    if not torch.isfinite(x).all():
+        raise ValueError(f"`{name}` contains NaN or Inf values")
+    if box is not None:
+        box.check_inside(x, name)
+    return x
+
+
+def check_model(model: Any, name: str = "model") -> nn.Module:
+    """A real ``nn.Module`` with materialised weights."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"`{name}` must be a torch.nn.Module, got {type(model).__name__}")
+    for t in model.parameters():
+        if t.device.type == "meta":
+            raise ValueError(f"`{name}` has parameters on the meta device (no weights); load or materialise them first")
+        break
+    return model
+
+
+def forward_tensor(model: nn.Module, x: Tensor) -> Tensor:
+    """``model(x)``, refusing outputs that are not one tensor (deep supervision lists, dicts, tuples)."""
+    out = model(x)
+    if isinstance(out, Tensor):
+        return out
+    kind = type(out).__name__
+    raise TypeError(
+        f"the model returned a {kind}, not one tensor of logits; medadv attacks read a single output. "
+        "For MONAI deep supervision, run the network in eval mode or wrap it so forward returns the main head "
+        "(e.g. `lambda out: out[0]`)"
+    )
+
+
+def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
+    """A seeded generator on ``device`` (``None`` when no seed: use the global RNG)."""
+    if seed is None:
+        return None
+    g = torch.Generator(device=device)
+    g.manual_seed(int(seed))
+    return g
