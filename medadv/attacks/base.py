@@ -127,6 +127,10 @@ class Attack(Configurable, ABC):
     norms: ClassVar[tuple[str, ...]] = ("Linf", "L2")
     #: tasks the attack supports (task class names; empty = every task)
     tasks: ClassVar[tuple[str, ...]] = ()
+    #: spatial ranks of the input the attack supports (2: images, 3: volumes; empty = any)
+    spatial_dims: ClassVar[tuple[int, ...]] = ()
+    #: the attack is targeted by nature (``y`` is always a target, e.g. DAG's adversarial label map)
+    always_targeted: ClassVar[bool] = False
     #: whether ``perturb`` needs the clean logits; attacks that do not (the gradient family) save one
     #: forward pass when ``y`` is given and validate ``y`` against their own first forward instead
     needs_clean_logits: bool = True
@@ -187,6 +191,9 @@ class Attack(Configurable, ABC):
         """Validation shared by every attack, before any work."""
         check_model(model)
         check_input(x, self.box)
+        if self.spatial_dims and x.ndim - 2 not in self.spatial_dims:
+            ranks = " or ".join(f"{d}-D" for d in self.spatial_dims)
+            raise ValueError(f"{type(self).__name__} needs {ranks} inputs (N, C, *spatial), got shape {tuple(x.shape)}")
         if torch.is_inference_mode_enabled():
             raise RuntimeError("attacks need gradients: call them outside torch.inference_mode()")
         param = next((p for p in model.parameters() if p.is_floating_point()), None)
