@@ -158,9 +158,13 @@ class Int(_Number):
     def convert(self, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError
-        if not math.isfinite(float(value)) or int(value) != value:
-            raise ValueError
-        v = int(value)
+        if isinstance(value, numbers.Integral):
+            v = int(value)
+        else:
+            f = float(value)
+            if not f.is_integer():  # 2.5 steps is a mistake, never a silent 2
+                raise ValueError
+            v = int(f)
         if not self._in_range(v):
             raise ValueError
         return v

@@ -18,10 +18,10 @@ __all__ = ["model_device", "attack_mode", "check_input", "check_model", "make_ge
 
 def model_device(model: nn.Module, default: torch.device | None = None) -> torch.device:
     """The device of the model's first parameter or buffer (``default`` or CPU if it has none)."""
-    for t in model.parameters():
-        return t.device
-    for t in model.buffers():
-        return t.device
+    for p in model.parameters():
+        return p.device
+    for b in model.buffers():
+        return b.device
     return default or torch.device("cpu")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -66,9 +67,10 @@ class Box:
             self.bounds: Bounds | None = lo.bounds
             return
         if hi is None and isinstance(lo, Sequence) and not isinstance(lo, str | Tensor):
-            if len(lo) != 2:
+            pair: Sequence[Any] = lo
+            if len(pair) != 2:
                 raise TypeError(f"`bounds` must be a (lo, hi) pair, a Box or None, got {lo!r}")
-            lo, hi = lo[0], lo[1]
+            lo, hi = pair[0], pair[1]
         if lo is None and hi is None:
             self.bounds = None
             return

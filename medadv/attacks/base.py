@@ -119,6 +119,8 @@ class Attack(Configurable, ABC):
     """
 
     name: str = "attack"
+    targeted: bool
+    seed: int | None
     positional: ClassVar[tuple[str, ...]] = ("task", "threat")
     params: ClassVar[dict[str, Any]] = {"targeted": Bool(), "seed": Optional(_Int())}
     #: what ``threat`` must be: "ball" (Linf/L2), "box" (data bounds only) or "ball_or_box"
