@@ -23,6 +23,7 @@ def check_task(task: Any, allowed: tuple[type, ...], hint: str = "") -> Task:
     if not isinstance(task, allowed):
         names = ", ".join(t.__name__ for t in allowed)
         raise TypeError(f"`task` must be one of {names}, got {task!r}" + (f"; {hint}" if hint else ""))
+    assert isinstance(task, Task)
     return task
 
 

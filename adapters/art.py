@@ -31,7 +31,7 @@ from art.estimators.classification import PyTorchClassifier
 from art.estimators.pytorch import PyTorchEstimator
 from torch import Tensor, nn
 
-from medadv.attacks.base import model_device
+from medadv.runtime import model_device
 from medadv.tasks import MultiClass, MultiLabel, Segmentation, Task
 
 from ._common import as_tensor, check_model, check_task, classifier_target, segmentation_target

@@ -29,7 +29,7 @@ import foolbox as fb
 import torch
 from torch import Tensor, nn
 
-from medadv.attacks.base import attack_mode, model_device
+from medadv.runtime import attack_mode, model_device
 from medadv.tasks import MultiClass, MultiLabel, Segmentation, Task
 
 from ._common import check_model, check_task
@@ -206,25 +206,25 @@ class _TaskLoss:
             return super().__call__(model, inputs, criterion, epsilons=epsilons, **kwargs)  # type: ignore[misc]
 
 
-class LinfPGD(_TaskLoss, fb.attacks.LinfPGD):
+class LinfPGD(_TaskLoss, fb.attacks.LinfPGD):  # type: ignore[misc]  # _TaskLoss wraps Foolbox's @final __call__ on purpose
     """Foolbox ``LinfPGD`` (Madry et al., ICLR 2018) on the task's loss; same arguments as Foolbox's."""
 
 
-class L2PGD(_TaskLoss, fb.attacks.L2PGD):
+class L2PGD(_TaskLoss, fb.attacks.L2PGD):  # type: ignore[misc]  # _TaskLoss wraps Foolbox's @final __call__ on purpose
     """Foolbox ``L2PGD`` (Madry et al., ICLR 2018) on the task's loss; same arguments as Foolbox's."""
 
 
-class FGSM(_TaskLoss, fb.attacks.FGSM):
+class FGSM(_TaskLoss, fb.attacks.FGSM):  # type: ignore[misc]  # _TaskLoss wraps Foolbox's @final __call__ on purpose
     """Foolbox ``FGSM`` (Goodfellow et al., ICLR 2015) on the task's loss; untargeted only (as Foolbox)."""
 
 
-class FGM(_TaskLoss, fb.attacks.FGM):
+class FGM(_TaskLoss, fb.attacks.FGM):  # type: ignore[misc]  # _TaskLoss wraps Foolbox's @final __call__ on purpose
     """Foolbox ``FGM`` (L2 fast gradient) on the task's loss; untargeted only (as Foolbox)."""
 
 
-class LinfBasicIterativeAttack(_TaskLoss, fb.attacks.LinfBasicIterativeAttack):
+class LinfBasicIterativeAttack(_TaskLoss, fb.attacks.LinfBasicIterativeAttack):  # type: ignore[misc]  # _TaskLoss wraps Foolbox's @final __call__ on purpose
     """Foolbox ``LinfBasicIterativeAttack`` (Kurakin et al., 2017) on the task's loss."""
 
 
-class L2BasicIterativeAttack(_TaskLoss, fb.attacks.L2BasicIterativeAttack):
+class L2BasicIterativeAttack(_TaskLoss, fb.attacks.L2BasicIterativeAttack):  # type: ignore[misc]  # _TaskLoss wraps Foolbox's @final __call__ on purpose
     """Foolbox ``L2BasicIterativeAttack`` (Kurakin et al., 2017) on the task's loss."""

@@ -140,6 +140,9 @@ def _modes_kept(model: nn.Module) -> Iterator[None]:
 class _ChannelNorm(nn.Module):
     """``(x - mean) / std`` with per-channel vectors broadcast over any number of spatial dims."""
 
+    mean: Tensor
+    std: Tensor
+
     def __init__(self, mean: Any, std: Any) -> None:
         super().__init__()
         m = torch.as_tensor(mean, dtype=torch.float32).flatten()
@@ -225,8 +228,9 @@ class MedadvAttack(torchattacks.attack.Attack):
     def forward(self, inputs: Tensor, labels: Tensor | None = None) -> Tensor:
         x = inputs.clone().detach().to(self.device)
         y = None if labels is None else labels.clone().detach().to(self.device)
-        atk = copy.copy(self.medadv_attack)
-        atk.targeted = bool(self.targeted)
+        atk = copy.copy(self.medadv_attack)  # a copy: the configured attack itself is never mutated
+        if not atk.always_targeted:  # DAG-like attacks: y is always their target map
+            atk.targeted = bool(self.targeted)
         if self.targeted:
             y = self.get_target_label(x, y)
         return atk(_Logits(self), x, y).x_adv

@@ -1,4 +1,4 @@
-"""Speed of 10-step L∞ PGD: medadv vs torchattacks, ART, Foolbox and a raw forward+backward loop.
+"""Speed of 10-step L∞ PGD (and APGD): medadv vs torchattacks, ART, Foolbox and a raw forward+backward loop.
 
 Every method attacks the same model and batch with the same ε, step and number of steps, without random
 start (so all do identical work). Methods run interleaved, in a rotating order, ``--repeats`` times; we
@@ -13,12 +13,21 @@ None) and once on the result (for ``AttackResult.logits`` and ``fooled``). ``med
 alone (``attack.perturb``), the same work as the raw loop. ``raw + 2 fwd`` is the raw loop plus the same
 two extra forwards, i.e. the same outputs as ``attack()``.
 
+``medadv APGD loop`` is APGD (Croce & Hein 2020) on the same engine, 10 steps, no random start: the same 10
+forward+backward passes plus one forward to score the last iterate, the per-sample schedule (best point, momentum,
+checkpoints) and the per-step best-iterate bookkeeping. Its cost is reported per step against ``medadv loop``
+(PGD-10), paired within each round.
+
+Then (``--robust``, on by default) the robust metric of PGD and APGD at the same ε and number of steps on two
+small trained models (the test fixtures' recipes): a multi-label CNN (mean label accuracy) and a 3-D UNet
+(mean foreground Dice), over four seeds of the random start.
+
 Times are this process's CPU time by default (``--clock cpu``): with one thread it measures the work
 itself and is barely disturbed by other jobs on a shared machine, where wall time swings by ±15 %.
 
 Usage::
 
-    OMP_NUM_THREADS=1 python benchmarks/pgd_speed.py --repeats 9 --threads 1 [--clock wall]
+    OMP_NUM_THREADS=1 python benchmarks/pgd_speed.py --repeats 7 --threads 1 [--clock wall] [--no-robust]
 """
 
 from __future__ import annotations
@@ -34,10 +43,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from medadv.attacks.apgd import APGD
 from medadv.attacks.cospgd import CosPGD
 from medadv.attacks.pgd import PGD
 from medadv.attacks.segpgd import SegPGD
-from medadv.models.nets import chexnet, small_unet
+from medadv.models.nets import chexnet, small_cnn, small_unet
 from medadv.tasks import MultiClass, MultiLabel, Segmentation
 from medadv.threats import Linf
 
@@ -70,11 +80,16 @@ def raw_pgd_with_outputs(model, x, loss_fn, y):
 
 
 class _CosPGDClosedForm(CosPGD):
-    """CosPGD with its weight from ``Task.target_cosine`` (same values, closed form): the proposed change."""
+    """CosPGD with its weight from ``Task.target_cosine`` (same values, closed form; CosPGD now uses it)."""
 
-    def element_weights(self, logits, y, step):
-        cos = self.task.target_cosine(logits.detach(), y)
+    def element_weights(self, logits, ctx):
+        cos = self.task.target_cosine(logits.detach(), ctx.y)
         return 1.0 - cos if self.targeted else cos
+
+
+def _generic_cosine(task, logits, y):
+    """The CosPGD weight from its definition: cosine of the predicted and target distributions."""
+    return F.cosine_similarity(*task.distributions(logits, y), dim=1, eps=1e-12)
 
 
 def _medadv(task, model, x, y, weighted):
@@ -83,9 +98,11 @@ def _medadv(task, model, x, y, weighted):
     with torch.no_grad():
         logits = model(x)
     y_t = task.to_target(y, logits)
+    apgd = APGD(task, threat, steps=STEPS, random_start=False)
     out = {
         "medadv attack()": lambda: atk(model, x, y).x_adv,
         "medadv loop": lambda: atk.perturb(model, x, y_t, logits)[0],
+        "medadv APGD loop": lambda: apgd.perturb(model, x, y_t, logits)[0],
     }
     if weighted:  # the per-element weightings cost a few element-wise ops per step on top of PGD
         for label, cls in (("CosPGD", CosPGD), ("CosPGD, target_cosine", _CosPGDClosedForm), ("SegPGD", SegPGD)):
@@ -147,9 +164,14 @@ def cases():
 
 
 def run_case(name, task, model, x, y, loss_fn, num_classes, repeats, clock=time.process_time):
+    def one_forward():
+        with torch.no_grad():
+            return model(x)
+
     methods = {
         "raw fwd+bwd loop": lambda: raw_pgd(model, x, loss_fn, y),
         "raw + 2 fwd": lambda: raw_pgd_with_outputs(model, x, loss_fn, y),
+        "one no-grad forward": one_forward,
         **_medadv(task, model, x, y, weighted=num_classes is None),
     }
     if num_classes is not None:
@@ -163,9 +185,8 @@ def run_case(name, task, model, x, y, loss_fn, num_classes, repeats, clock=time.
     if "medadv CosPGD loop" in methods:  # same weights up to rounding (the sign step can amplify rounding)
         with torch.no_grad():
             logits, y_t = model(x), task.to_target(y, model(x))
-        threat = Linf(EPS, bounds=(0.0, 1.0))
-        w_ref = CosPGD(task, threat).element_weights(logits, y_t, 0)
-        w_new = _CosPGDClosedForm(task, threat).element_weights(logits, y_t, 0)
+        w_ref = _generic_cosine(task, logits, y_t)
+        w_new = task.target_cosine(logits, y_t)
         torch.testing.assert_close(w_new, w_ref, atol=1e-6, rtol=1e-5)
 
     for f in methods.values():  # warm-up
@@ -184,7 +205,52 @@ def run_case(name, task, model, x, y, loss_fn, num_classes, repeats, clock=time.
         paired = statistics.median(t / b for t, b in zip(times[k], raw, strict=True))
         # on a shared machine the fastest run is the least disturbed one: report both estimates
         rows.append((k, statistics.median(times[k]), min(times[k]), paired, min(times[k]) / min(raw)))
-    return name, rows
+    # APGD against PGD, both on the engine, same steps: the total, and per step once APGD's one fixed
+    # no-grad forward (scoring the last iterate) is taken out
+    a, p, f = times["medadv APGD loop"], times["medadv loop"], times["one no-grad forward"]
+    apgd = (statistics.median(t / b for t, b in zip(a, p, strict=True)), min(a) / min(p),
+            statistics.median((t - c) / b for t, b, c in zip(a, p, f, strict=True)), (min(a) - min(f)) / min(p))
+    return name, rows, apgd
+
+
+# --- robust metric: APGD vs PGD at the same budget on small trained models --------------------------------------------
+def _trained(make_model, task, data_fn, n_train, n_test, epochs, lr, batch_size=16, **kw):
+    """The recipe of the test fixtures (tests/conftest.py): seeded model, synthetic data, held-out split."""
+    from medadv.models import fit_supervised
+
+    torch.manual_seed(0)
+    model = make_model()
+    x, y = data_fn(n=n_train + n_test, seed=0, **kw)
+    fit_supervised(model, task, x[:n_train], y[:n_train], epochs=epochs, lr=lr, batch_size=batch_size)
+    return _freeze(model), x[n_train:], y[n_train:]
+
+
+def robust_rows(steps=STEPS, seeds=(0, 1, 2, 3)):
+    from medadv.data.synthetic import multilabel_blobs, segmentation_blobs
+
+    ml = _trained(lambda: small_cnn(1, 4, width=8), MultiLabel(), multilabel_blobs, 256, 32, 15, 1e-2, num_labels=4)
+    seg = _trained(lambda: small_unet(1, 3, ndim=3, channels=(8, 16)), Segmentation(3), segmentation_blobs,
+                   32, 4, 40, 2e-2, batch_size=8, num_classes=3, size=16, ndim=3)
+    setups = [  # (model label, metric, trained, attack task, attacks)
+        ("multi-label CNN, 32×1×16²", "label_accuracy", ml, MultiLabel(),
+         [("PGD", PGD, {}), ("APGD-CE", APGD, {}), ("APGD-margin", APGD, {"loss": "margin"})]),
+        ("3-D UNet, 4×1×16³, per-voxel CE", "mean_dice", seg, Segmentation(3),
+         [("PGD", PGD, {}), ("APGD-CE", APGD, {}), ("APGD-margin", APGD, {"loss": "margin"})]),
+        ("3-D UNet, 4×1×16³, soft-Dice loss", "mean_dice", seg, Segmentation(3, loss="dice"),
+         [("PGD", PGD, {}), ("APGD", APGD, {})]),
+    ]
+    out = []
+    for label, metric, (model, x, y), task, attacks in setups:
+        with torch.no_grad():
+            clean = float(task.metrics(model(x), y)[metric].mean())
+        for eps in (0.02, 0.05, 0.1):
+            cells = []
+            for name, cls, kw in attacks:
+                vals = [float(task.metrics(cls(task, Linf(eps, bounds=(0.0, 1.0)), steps=steps, seed=s, **kw)(
+                    model, x, y).logits, y)[metric].mean()) for s in seeds]
+                cells.append((name, statistics.mean(vals), min(vals), max(vals)))
+            out.append((label, metric, clean, eps, cells))
+    return out
 
 
 def main() -> None:
@@ -194,20 +260,41 @@ def main() -> None:
     ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
                     help="cpu: this process's CPU time (robust on a shared machine; use with --threads 1); "
                          "wall: elapsed time")
+    ap.add_argument("--no-robust", dest="robust", action="store_false",
+                    help="skip the APGD vs PGD robust-metric table (trains two small models, about 30 s)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
           f"{args.threads} thread(s), {args.clock} clock, {args.repeats} interleaved repeats, "
           f"ε=8/255, α=2/255, {STEPS} steps\n")
+    t0 = time.perf_counter()
+    apgd_ratios = []
     for case in cases():
-        name, rows = run_case(*case, repeats=args.repeats, clock=clock)
+        name, rows, apgd = run_case(*case, repeats=args.repeats, clock=clock)
+        apgd_ratios.append((name, *apgd))
         print(f"### {name}\n")
         print("| method | median (s) | min (s) | × raw, paired median | × raw, min/min |")
         print("|---|---:|---:|---:|---:|")
         for k, med, fast, paired, ratio in rows:
             print(f"| {k} | {med:.3f} | {fast:.3f} | {paired:.3f} | {ratio:.3f} |")
         print()
+    print("### APGD-10 against PGD-10 (both `perturb` on the engine, same run)\n")
+    print("| model | total × PGD, paired median | total × PGD, min/min "
+          "| per step (less the one scoring forward) × PGD, paired median | same, min/min |")
+    print("|---|---:|---:|---:|---:|")
+    for name, paired, ratio, step_paired, step_ratio in apgd_ratios:
+        print(f"| {name} | {paired:.3f} | {ratio:.3f} | {step_paired:.3f} | {step_ratio:.3f} |")
+    print()
+    if args.robust:
+        print(f"### Robust metric at the same budget: PGD-{STEPS} vs APGD-{STEPS}, L∞, mean (min–max) over 4 seeds\n")
+        print("| model | metric | clean | ε | attack: robust metric |")
+        print("|---|---|---:|---:|---|")
+        for label, metric, clean, eps, cells in robust_rows():
+            txt = "; ".join(f"{n} {m:.3f} ({lo:.3f}–{hi:.3f})" for n, m, lo, hi in cells)
+            print(f"| {label} | {metric} | {clean:.3f} | {eps:g} | {txt} |")
+        print()
+    print(f"total wall time {time.perf_counter() - t0:.0f} s")
 
 
 if __name__ == "__main__":

@@ -4,44 +4,96 @@ Tasks say what a model output means, threat models say where an attack may searc
 own units), attacks are ``attack(model, x, y) -> AttackResult``, and ``evaluate`` tabulates clean vs
 adversarial metrics. Toolkit bridges live in ``medadv.adapters`` (ART, Foolbox, torchattacks,
 RobustBench).
+
+``import medadv`` is cheap: every name below (and every subpackage) is imported on first use (PEP 562),
+so a user who only wants PGD never pays for the explanation, plotting or toolkit stacks.
 """
 
-from . import data, defenses, explain, metrics, models
-from .attacks import (
-    BIM,
-    DAG,
-    FGSM,
-    GAP,
-    PGD,
-    VAFA,
-    VAFA2D,
-    Attack,
-    AttackResult,
-    AutoAttack,
-    CosPGD,
-    GAPTrainer,
-    GradientAttack,
-    SaliencyRelevance,
-    SaliencyResistance,
-    SegPGD,
-    available_attacks,
-    get_attack,
-)
-from .defenses import PGDAT, TRADES, VAFT, AdversarialTrainer, MAAdvT, MPAdvT
-from .evaluation import evaluate
-from .results import Results
-from .tasks import MultiClass, MultiLabel, Segmentation, Task
-from .threats import L2, Linf, Threat
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+# public name -> module that defines it (imported on first access)
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(("Task", "MultiClass", "MultiLabel", "Segmentation"), "medadv.tasks"),
+    **dict.fromkeys(("Threat", "Linf", "L2", "Box"), "medadv.threats"),
+    **dict.fromkeys(("Attack", "AttackResult", "available_attacks", "get_attack"), "medadv.attacks.base"),
+    "GradientAttack": "medadv.attacks.gradient",
+    "FGSM": "medadv.attacks.fgsm",
+    "BIM": "medadv.attacks.bim",
+    "PGD": "medadv.attacks.pgd",
+    "CosPGD": "medadv.attacks.cospgd",
+    "SegPGD": "medadv.attacks.segpgd",
+    "APGD": "medadv.attacks.apgd",
+    "AutoAttack": "medadv.attacks.autoattack",
+    "DAG": "medadv.attacks.dag",
+    **dict.fromkeys(("VAFA", "VAFA2D"), "medadv.attacks.vafa"),
+    "GAP": "medadv.attacks.gap",
+    "GAPTrainer": "medadv.training.gap",
+    "SaliencyRelevance": "medadv.attacks.relevance",
+    "SaliencyResistance": "medadv.attacks.resistance",
+    **dict.fromkeys(("AdversarialTrainer", "PGDAT", "MPAdvT", "MAAdvT", "TRADES", "VAFT"), "medadv.defenses"),
+    "evaluate": "medadv.evaluation",
+    "Results": "medadv.results",
+}
+
+# subpackages and modules reachable as attributes (``medadv.data``) before anyone imported them
+_SUBMODULES = frozenset({
+    "adapters", "attacks", "cli", "config", "data", "dct", "defenses", "demo", "evaluation", "explain",
+    "frequency", "metrics", "models", "params", "report", "results", "runtime", "tasks", "testing",
+    "threats", "training",
+})
+
 __all__ = [
     "Task", "MultiClass", "MultiLabel", "Segmentation",
-    "Threat", "Linf", "L2",
-    "Attack", "AttackResult", "GradientAttack", "FGSM", "BIM", "PGD", "CosPGD", "SegPGD",
+    "Threat", "Linf", "L2", "Box",
+    "Attack", "AttackResult", "GradientAttack", "FGSM", "BIM", "PGD", "CosPGD", "SegPGD", "APGD",
     "AutoAttack", "DAG", "VAFA", "VAFA2D", "GAP", "GAPTrainer", "SaliencyRelevance", "SaliencyResistance",
     "available_attacks", "get_attack",
     "AdversarialTrainer", "PGDAT", "MPAdvT", "MAAdvT", "TRADES", "VAFT",
     "evaluate", "Results",
     "data", "defenses", "explain", "metrics", "models",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        # importing any attack module imports medadv.attacks first, which registers every attack
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # later accesses skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS) | _SUBMODULES)
+
+
+if TYPE_CHECKING:  # the eager imports, for type checkers and IDEs only
+    from . import data, defenses, explain, metrics, models
+    from .attacks.apgd import APGD
+    from .attacks.autoattack import AutoAttack
+    from .attacks.base import Attack, AttackResult, available_attacks, get_attack
+    from .attacks.bim import BIM
+    from .attacks.cospgd import CosPGD
+    from .attacks.dag import DAG
+    from .attacks.fgsm import FGSM
+    from .attacks.gap import GAP
+    from .attacks.gradient import GradientAttack
+    from .attacks.pgd import PGD
+    from .attacks.relevance import SaliencyRelevance
+    from .attacks.resistance import SaliencyResistance
+    from .attacks.segpgd import SegPGD
+    from .attacks.vafa import VAFA, VAFA2D
+    from .defenses import PGDAT, TRADES, VAFT, AdversarialTrainer, MAAdvT, MPAdvT
+    from .evaluation import evaluate
+    from .results import Results
+    from .tasks import MultiClass, MultiLabel, Segmentation, Task
+    from .threats import L2, Box, Linf, Threat
+    from .training.gap import GAPTrainer

@@ -6,6 +6,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .attacks.base import Attack
 
 __all__ = ["main"]
 
@@ -29,7 +33,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     import torch
 
-    from .config import build_attacks, build_data, build_model, build_task, load_config
+    from .config import build_attacks, build_data, build_model, build_target_fn, build_task, load_config
     from .evaluation import evaluate
     from .report import write_report
 
@@ -39,6 +43,11 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     task = build_task(cfg["task"])
     x, y = build_data(cfg["data"], base)
     attacks = build_attacks(cfg, task)
+    target_fn = build_target_fn(cfg.get("target"), task)
+    targeted = [k for k, a in attacks.items() if a.targeted or a.always_targeted]
+    if targeted and target_fn is None:
+        raise ValueError(f"attack(s) {', '.join(targeted)} are targeted; give "
+                         "`target: background | least_likely | package.module:function` in the config")
     bs = int(cfg.get("batch_size", 8))
     batches = [(x[i : i + bs], y[i : i + bs]) for i in range(0, x.shape[0], bs)]
     out = Path(args.output or cfg.get("output", "medadv-results"))
@@ -47,6 +56,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(int(cfg.get("seed", 0)))
     res = evaluate(model, task, batches, attacks, log=out / "log.jsonl", progress=not args.no_progress,
+                   target_fn=target_fn,
                    hd95=bool(cfg.get("hd95", False)), spacing=cfg.get("spacing"),
                    meta={"config": str(Path(args.config).resolve()), "model": cfg["model"].get("builder")})
     res.to_json(out / "results.json")
@@ -57,14 +67,54 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _threat_text(cls: type[Attack]) -> str:
+    norms = " or ".join(cls.norms)
+    texts = {"ball": f"{norms} ball (one run per budget)",
+             "box": "the data box (no ε: one run, budget None)",
+             "ball_or_box": f"{norms} ball (one run per budget) or the data box"}
+    return texts.get(cls.threat_kind, cls.threat_kind)
+
+
+def describe_attack(name: str) -> str:
+    """An attack's summary line, threat, tasks and every parameter (name, what it accepts, default)."""
+    import inspect
+
+    from .attacks.base import attack_class
+
+    cls = attack_class(name)
+    doc = (cls.__doc__ or "").strip().splitlines()
+    lines = [f"{cls.name}: {doc[0] if doc else cls.__name__}",
+             f"  threat: {_threat_text(cls)}",
+             f"  tasks:  {', '.join(cls.tasks) or 'any'}"
+             + (f" ({' or '.join(f'{d}-D' for d in cls.spatial_dims)} inputs)" if cls.spatial_dims else "")
+             + ("; targeted by nature (needs `target`)" if cls.always_targeted else "")]
+    declared, defaults = cls.declared_params(), cls.param_defaults()
+    rows = []
+    for p in cls.param_names():
+        what = declared[p].describe() if p in declared else "(undeclared)"
+        d = defaults.get(p, inspect.Parameter.empty)
+        default = "required" if d is inspect.Parameter.empty else f"default {d!r}"
+        rows.append((p, what, default))
+    if rows:
+        w = max(len(r[0]) for r in rows)
+        lines += [f"  {p:<{w}}  {what}; {default}" for p, what, default in rows]
+    return "\n".join(lines)
+
+
 def _cmd_attacks(args: argparse.Namespace) -> int:
     import medadv  # noqa: F401  (imports register every attack)
 
-    from .attacks.base import _REGISTRY
+    from .attacks.base import attack_class, available_attacks
 
-    for name in sorted(_REGISTRY):
-        doc = (_REGISTRY[name].__doc__ or "").strip().splitlines()
+    if args.params is not None:
+        names = args.params or available_attacks()
+        print("\n\n".join(describe_attack(n) for n in names))
+        return 0
+    for name in available_attacks():
+        cls = attack_class(name)
+        doc = (cls.__doc__ or "").strip().splitlines()
         print(f"{name:<22} {doc[0] if doc else ''}")
+    print("\n`medadv attacks --params NAME` lists an attack's parameters")
     return 0
 
 
@@ -84,14 +134,21 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--output", help="output directory (default: the config's `output`)")
     e.add_argument("--no-progress", action="store_true")
     e.set_defaults(func=_cmd_evaluate)
-    a = sub.add_parser("attacks", help="list the registered attacks")
+    a = sub.add_parser("attacks", help="list the registered attacks (and their parameters)")
+    a.add_argument("--params", nargs="*", metavar="NAME",
+                   help="show the parameters (what each accepts, default) of these attacks (none given: all)")
     a.set_defaults(func=_cmd_attacks)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as e:
+        # a mistake in the config or the command line: the message, not a traceback
+        print(f"medadv {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

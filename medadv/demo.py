@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .attacks import FGSM, PGD, CosPGD, SegPGD
+from .attacks import FGSM, PGD, Attack, CosPGD, SegPGD
 from .data.mni152 import TISSUE_CLASSES, tissue_patches
 from .evaluation import evaluate
 from .models import cache_dir, fit_supervised, load_checkpoint, save_checkpoint, small_unet
@@ -74,12 +74,12 @@ def run_demo(cfg: DemoConfig | None = None, *, cache: Path | None = None, retrai
     model = build_demo_model(cfg, cache=cache, retrain=retrain, progress=progress, echo=echo)
     task = Segmentation(len(TISSUE_CLASSES), include_background=False)
     x, y = tissue_patches(cfg.n_test, cfg.patch, cfg.spacing_mm, split="test", seed=cfg.seed + 1)
-    attacks = {}
+    attacks: dict[str, Attack] = {}
     for name, cls in (("fgsm", FGSM), ("pgd", PGD), ("cospgd", CosPGD), ("segpgd", SegPGD)):
         for eps in cfg.budgets:
             threat = Linf(eps, bounds=(0.0, 1.0))  # the template is scaled to [0, 1]
             kw = {} if cls is FGSM else {"steps": cfg.steps, "seed": cfg.seed}
-            attacks[f"{name}@{eps * 255:g}/255"] = cls(task, threat, **kw)
+            attacks[f"{name}@{eps * 255:g}/255"] = cls(task, threat, **kw)  # type: ignore[arg-type]
     echo(f"attacking {cfg.n_test} held-out crops (right hemisphere, {cfg.patch}^3 voxels at {cfg.spacing_mm} mm)")
     results = evaluate(model, task, (x, y), attacks, progress=progress, meta={"demo": "mni152-tissue"})
     echo(format_dice_table(results))

@@ -10,11 +10,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .attacks.base import Attack, attack_mode, check_input, model_device
-from .results import Results
+from .attacks.base import Attack, AttackDetails, attack_mode, check_input, model_device
+from .params import stable_hash
+from .results import DETAIL_PREFIX, Results
 from .tasks import MultiClass, MultiLabel, Segmentation, Task
 
-__all__ = ["evaluate", "sample_rows"]
+__all__ = ["evaluate", "sample_rows", "detail_rows"]
 
 TargetFn = Callable[[Tensor, Tensor, Tensor], Tensor]
 
@@ -39,15 +40,64 @@ def _named_attacks(attacks: Attack | Sequence[Attack] | Mapping[str, Attack]) ->
     return items
 
 
-def _fingerprint(model: nn.Module, task: Task, attack: Attack, hd95: bool, spacing: Any) -> str:
-    """A short hash of what a row depends on: model weights, task, attack settings, HD95 options."""
-    h = hashlib.sha256()
+def _weights_hash(model: nn.Module) -> str:
+    """A short hash of the model's class and every weight and buffer (computed once per call)."""
+    h = hashlib.sha256(type(model).__qualname__.encode())
     for k, v in model.state_dict().items():
         h.update(k.encode())
-        h.update(v.detach().cpu().contiguous().numpy().tobytes())
-    settings = {k: v for k, v in sorted(vars(attack).items()) if isinstance(v, int | float | str | bool | type(None))}
-    h.update(f"{task!r}|{type(attack).__name__}|{attack!r}|{settings}|{hd95}|{spacing}".encode())
+        t = v.detach().cpu().contiguous()
+        h.update(str(t.dtype).encode())
+        h.update((t.float() if t.dtype == torch.bfloat16 else t).numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+def _fingerprint(weights: str, task: Task, attack: Attack, hd95: bool, spacing: Any,
+                 target_fn: TargetFn | None) -> str:
+    """A short hash of what a row depends on: the model's weights, the task that reads its output, the
+    attack's declared parameters with its task and threat or box (``attack.fingerprint()``), the HD95
+    options and, for targeted attacks, the name of the target function."""
+    target = None
+    if target_fn is not None and _targeted(attack):
+        target = f"{getattr(target_fn, '__module__', '')}.{getattr(target_fn, '__qualname__', repr(target_fn))}"
+    spacing = list(spacing) if isinstance(spacing, Sequence) and not isinstance(spacing, str) else spacing
+    return stable_hash({"model": weights, "task": repr(task), "attack": attack.fingerprint(), "hd95": bool(hd95),
+                        "spacing": spacing, "target_fn": target})
+
+
+def _targeted(attack: Attack) -> bool:
+    return bool(getattr(attack, "targeted", False) or type(attack).always_targeted)
+
+
+def _plain(v: Any) -> Any:
+    """A JSON-able value: tensors to Python numbers or lists, NaN to None."""
+    if isinstance(v, Tensor):
+        v = v.item() if v.numel() == 1 else v.tolist()
+    if isinstance(v, float) and v != v:
+        return None
+    if isinstance(v, list | tuple):
+        return [_plain(e) for e in v]
+    return v
+
+
+def detail_rows(details: AttackDetails | None, n: int, prefix: str = DETAIL_PREFIX) -> list[dict[str, Any]]:
+    """The declared per-sample columns of an attack's typed details, one dict per sample.
+
+    Column ``c`` of ``details.columns`` becomes ``prefix + c`` (``attack_iterations``,
+    ``attack_map_ssim``, ...), so attack outputs never clash with the metric columns. Each column is copied
+    to the host once (not one synchronisation per sample); values are those of ``details.row(i)``, with NaN
+    stored as ``None`` (JSON).
+    """
+    rows: list[dict[str, Any]] = [{} for _ in range(n)]
+    if details is None:
+        return rows
+    for c in details.columns:
+        v = getattr(details, c)
+        if isinstance(v, Tensor):
+            v = v.detach().cpu()
+        for i in range(n):
+            vi = v[i] if isinstance(v, Tensor) and v.ndim >= 1 else v
+            rows[i][prefix + c] = _plain(vi)
+    return rows
 
 
 def _batches(data: Any) -> Iterable[tuple[Tensor, Tensor]]:
@@ -142,29 +192,38 @@ def evaluate(
         data: an ``(x, y)`` tensor pair or an iterable of ``(x, y)`` batches (e.g. a DataLoader).
             Samples are numbered in iteration order, so a resumed run must see the same order.
         attacks: one attack, a list (named by ``attack.name``) or a ``{name: attack}`` mapping; the
-            budget column is each attack's ``budget`` (its ε in data units, None for non-Lp attacks).
+            budget column is each attack's ``budget`` (its ε in data units, None for attacks without an
+            ε-ball, which run once).
         log: JSON Lines file to which rows are appended batch by batch. Rows already in it are kept
             and their (sample, attack, budget) is not recomputed: a crashed run resumes where it stopped.
-            A row counts only if its ``config`` fingerprint (model weights, task, attack settings) matches
-            this call; rows of other settings or of attacks not requested are ignored.
-        target_fn: for targeted attacks, ``target_fn(x, y, clean_logits) -> target``; required when
-            any attack is targeted.
+            A row counts only if its ``config`` fingerprint matches this call: the model's weights, the
+            task, ``attack.fingerprint()`` (every declared parameter of the attack, its task and its
+            threat or data box), ``hd95``, ``spacing`` and, for targeted attacks, the target function's
+            name. Rows of other settings or of attacks not requested are ignored.
+        target_fn: for targeted attacks (``targeted=True`` or targeted by nature, like DAG),
+            ``target_fn(x, y, clean_logits) -> target``; required when any attack is targeted.
         hd95: also compute per-class HD95 for segmentation (slower, SciPy distance transforms).
         spacing: voxel spacing for HD95 (mm), scalar or per axis.
         progress: show a progress bar.
         meta: free-form metadata stored with the results (model name, dataset, ...).
 
     Returns:
-        :class:`Results` with one row per (sample, attack, budget).
+        :class:`Results` with one row per (sample, attack, budget). Besides the metric columns, each row
+        holds the attack's declared per-sample outputs (``AttackResult.details.columns``) as
+        ``attack_<column>`` (e.g. DAG's ``attack_iterations``, the saliency attacks' ``attack_map_ssim``);
+        :meth:`Results.summary` averages them per attack and budget.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(task, Task):
         raise TypeError(f"`task` must be a medadv Task, got {task!r}")
     named = _named_attacks(attacks)
-    if any(a.targeted for _, a in named) and target_fn is None:
-        raise ValueError("`target_fn` is required because at least one attack is targeted")
-    configs = {name: _fingerprint(model, task, atk, hd95, spacing) for name, atk in named}
+    if target_fn is None and any(_targeted(a) for _, a in named):
+        which = ", ".join(repr(n) for n, a in named if _targeted(a))
+        raise ValueError(f"`target_fn` is required because attack(s) {which} are targeted: give "
+                         "target_fn(x, y, clean_logits) -> target")
+    weights = _weights_hash(model)
+    configs = {name: _fingerprint(weights, task, atk, hd95, spacing, target_fn) for name, atk in named}
     # rows of a resumed log count only if they came from the same model, task and attack settings
     done = [r for r in (Results.read_log(log).rows if log is not None else [])
             if r.get("config") == configs.get(r["attack"])]
@@ -192,17 +251,19 @@ def evaluate(
                 clean_logits = model(x_d)
             task.validate(clean_logits, y_d, "y")
             for name, atk in todo:
-                target = target_fn(x_d, y_d, clean_logits) if atk.targeted else y_d
+                target = target_fn(x_d, y_d, clean_logits) if target_fn is not None and _targeted(atk) else y_d
                 res = atk(model, x_d, target)
                 rows = sample_rows(task, y_d, clean_logits, res.logits, spacing=spacing, hd95=hd95)
+                extra = detail_rows(res.details, len(rows))
+                fooled, linf, l2 = res.fooled.cpu().tolist(), res.linf.cpu().tolist(), res.l2.cpu().tolist()
                 new = []
                 for i, row in enumerate(rows):
                     key = (ids[i], name, atk.budget)
                     if key in done_keys:
                         continue
                     new.append({"sample": ids[i], "attack": name, "budget": atk.budget, "config": configs[name],
-                                "fooled": bool(res.fooled[i]), "linf": float(res.linf[i]),
-                                "l2": float(res.l2[i]), **row})
+                                "fooled": bool(fooled[i]), "linf": float(linf[i]), "l2": float(l2[i]),
+                                **row, **extra[i]})
                     done_keys.add(key)
                 results.extend(new)
                 if log is not None:

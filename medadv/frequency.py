@@ -19,9 +19,10 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from .attacks.base import attack_mode
 from .dct import block_dct, block_idct, normalize_block
+from .runtime import attack_mode
 from .tasks import Segmentation
+from .threats import Bounds, Box
 
 __all__ = ["keep_cube", "lowpass_mask", "highpass_mask", "filter_perturbation", "filtered_attack",
            "frequency_analysis"]
@@ -85,16 +86,17 @@ def filter_perturbation(delta: Tensor, mask: Tensor, tile: int | Sequence[int] |
     return block_idct(coeffs * mask.to(device=delta.device, dtype=delta.dtype), spatial)
 
 
-def filtered_attack(x: Tensor, x_adv: Tensor, mask: Tensor, bounds: tuple[float, float] | None,
+def filtered_attack(x: Tensor, x_adv: Tensor, mask: Tensor, bounds: Box | Bounds | None,
                     tile: int | Sequence[int] | None = None) -> Tensor:
     """``clip(x + IDCT(DCT(x_adv − x) ⊙ mask))``: the attack restricted to a frequency band.
 
-    ``bounds`` is the data range in data units (``None``: no clipping).
+    ``bounds`` is the data box: a :class:`~medadv.threats.Box` or a ``(lo, hi)`` pair in data units
+    (scalars or per-channel tensors); ``None``: no clipping.
     """
     if x.shape != x_adv.shape:
         raise ValueError(f"`x` and `x_adv` must have the same shape, got {tuple(x.shape)} and {tuple(x_adv.shape)}")
     out = x + filter_perturbation(x_adv - x, mask, tile)
-    return out if bounds is None else out.clamp(bounds[0], bounds[1])
+    return Box.coerce(bounds).clip(out)
 
 
 def frequency_analysis(
@@ -105,15 +107,15 @@ def frequency_analysis(
     y: Tensor,
     masks: Mapping[str, Tensor],
     *,
-    bounds: tuple[float, float] | None,
+    bounds: Box | Bounds | None,
     tile: int | Sequence[int] | None = None,
 ) -> dict[str, Tensor]:
     """Mean Dice per sample ``(N,)`` on clean, full-attack and each band-filtered attack input.
 
     Returns ``{"clean": ..., "adversarial": ..., <band>: ...}`` plus ``"<band>_retained"``: the share of
     the attack's Dice drop the band keeps (``(clean − band) / (clean − adversarial)``, NaN where the
-    attack did not lower Dice). ``bounds`` is the data range in data units (``None``: no clipping) for
-    the filtered inputs. ``model`` may be a whole-volume wrapper
+    attack did not lower Dice). ``bounds`` is the data box (a :class:`~medadv.threats.Box`, a ``(lo, hi)``
+    pair in data units, or ``None``: no clipping) for the filtered inputs. ``model`` may be a whole-volume wrapper
     (:class:`medadv.models.sliding.SlidingWindow`), as in Malik et al.'s evaluation.
     """
     if not isinstance(task, Segmentation):

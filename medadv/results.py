@@ -16,22 +16,44 @@ from typing import Any
 
 import torch
 
-__all__ = ["Results"]
+__all__ = ["Results", "DETAIL_PREFIX", "summary_columns"]
 
 KEY = ("sample", "attack", "budget")
+#: prefix of the columns that hold an attack's declared per-sample outputs (``AttackDetails.columns``)
+DETAIL_PREFIX = "attack_"
 
 
-def _mean(values: list[float]) -> float:
+def _mean(values: Iterable[float | None]) -> float:
     vals = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
     return sum(vals) / len(vals) if vals else float("nan")
+
+
+def _columns(rows: Iterable[dict[str, Any]]) -> list[str]:
+    """Every column of ``rows`` in order of first appearance."""
+    seen: dict[str, None] = {}
+    for r in rows:
+        for c in r:
+            seen.setdefault(c, None)
+    return list(seen)
+
+
+def summary_columns(table: list[dict[str, Any]]) -> list[str]:
+    """The columns of a summary table: the union over its rows, ``attack_*`` columns after the metrics,
+    ``n`` last."""
+    cols = [c for c in _columns(table) if c != "n"]
+    return [c for c in cols if not c.startswith(DETAIL_PREFIX)] + \
+        [c for c in cols if c.startswith(DETAIL_PREFIX)] + ["n"]
 
 
 class Results:
     """Rows of an evaluation. Columns depend on the task; the key is ``(sample, attack, budget)``.
 
-    Common columns: ``sample``, ``attack``, ``budget`` (data units, None for non-Lp attacks),
-    ``clean_pred``, ``adv_pred``, ``fooled``, ``linf``, ``l2``; task-specific metrics are prefixed
-    ``clean_``/``adv_``.
+    Common columns: ``sample``, ``attack``, ``budget`` (data units, None for attacks without an ε-ball),
+    ``config`` (the settings fingerprint), ``clean_pred``, ``adv_pred``, ``fooled``, ``linf``, ``l2``;
+    task-specific metrics are prefixed ``clean_``/``adv_``. The per-sample outputs an attack declares in
+    its typed details (``AttackDetails.columns``) are prefixed ``attack_`` (DAG: ``attack_iterations``,
+    ``attack_fooled_fraction``; saliency attacks: ``attack_map_ssim``, ``attack_admissible``, ...); rows
+    of other attacks do not have them.
     """
 
     def __init__(self, rows: Iterable[dict[str, Any]] = (), meta: dict[str, Any] | None = None) -> None:
@@ -58,19 +80,26 @@ class Results:
 
     # --- summary ---------------------------------------------------------------------------------------------
     def summary(self) -> list[dict[str, Any]]:
-        """One row per (attack, budget): means of the numeric per-sample columns, plus AUCs."""
+        """One row per (attack, budget): means of the numeric per-sample columns, plus AUCs.
+
+        Booleans average to fractions; list columns (per class, per label) average element-wise;
+        ``None`` (NaN) values are left out of a mean. Attack-specific ``attack_*`` columns are averaged
+        over the rows of the attacks that have them.
+        """
         from .metrics.classification import macro_auc
 
         table = []
         for (attack, budget), rows in self.groups().items():
             row: dict[str, Any] = {"attack": attack, "budget": budget, "n": len(rows)}
-            for col, val in rows[0].items():
+            for col in _columns(rows):
                 if col in KEY or col.endswith("_pred") or col.endswith("_scores") or col == "label":
                     continue
+                val = next((r[col] for r in rows if r.get(col) is not None), None)
                 if isinstance(val, bool | int | float) or val is None:
                     row[col] = _mean([None if r.get(col) is None else float(r[col]) for r in rows])
                 elif isinstance(val, list) and val and all(isinstance(v, int | float) or v is None for v in val):
-                    cols = list(zip(*[r[col] for r in rows], strict=True))
+                    present = [r[col] for r in rows if isinstance(r.get(col), list) and len(r[col]) == len(val)]
+                    cols = list(zip(*present, strict=True))
                     row[col] = [_mean([None if v is None else float(v) for v in c]) for c in cols]
             if "clean_scores" in rows[0] and "label" in rows[0] and isinstance(rows[0]["label"], list):
                 labels = torch.tensor([r["label"] for r in rows], dtype=torch.float64)
@@ -80,12 +109,20 @@ class Results:
             table.append(row)
         return table
 
+    def detail_columns(self) -> list[str]:
+        """The attack-specific (``attack_*``) columns present in the table, in order of appearance."""
+        return [c for c in _columns(self.rows) if c.startswith(DETAIL_PREFIX)]
+
     def format_summary(self, columns: list[str] | None = None, digits: int = 3) -> str:
-        """The summary as an aligned text table (lists are shown element-wise)."""
+        """The summary as aligned text (lists are shown element-wise).
+
+        By default: one table of the metric columns of every attack, then, if any attack declared
+        per-sample outputs, a second table of their per-attack means (the ``attack_*`` columns, ``-`` for
+        an attack without that column). ``columns`` gives one table of exactly those columns.
+        """
         table = self.summary()
         if not table:
             return "(no results)"
-        cols = columns or [c for c in table[0] if c != "n"] + ["n"]
 
         def fmt(v: Any) -> str:
             if isinstance(v, float):
@@ -94,11 +131,22 @@ class Results:
                 return "[" + " ".join(fmt(x) for x in v) + "]"
             return "-" if v is None else str(v)
 
-        cells = [[fmt(r.get(c)) for c in cols] for r in table]
-        widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
-        lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
-        return "\n".join(lines)
+        def block(rows: list[dict[str, Any]], cols: list[str]) -> str:
+            cells = [[fmt(r.get(c)) for c in cols] for r in rows]
+            widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+            lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)).rstrip()]
+            lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+            return "\n".join(lines)
+
+        if columns is not None:
+            return block(table, columns)
+        cols = summary_columns(table)
+        details = [c for c in cols if c.startswith(DETAIL_PREFIX)]
+        out = block(table, [c for c in cols if c not in details])
+        if details:
+            rows = [r for r in table if any(c in r for c in details)]
+            out += "\n\nattack-specific outputs (means):\n" + block(rows, ["attack", "budget", *details, "n"])
+        return out
 
     def __str__(self) -> str:
         return self.format_summary()
@@ -113,9 +161,7 @@ class Results:
         return cls(data["rows"], data.get("meta"))
 
     def to_csv(self, path: str | os.PathLike) -> None:
-        cols: list[str] = []
-        for r in self.rows:
-            cols += [c for c in r if c not in cols]
+        cols = _columns(self.rows)
         with open(path, "w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=cols)
             w.writeheader()
@@ -130,7 +176,11 @@ class Results:
     # --- incremental log -----------------------------------------------------------------------------------------
     @classmethod
     def read_log(cls, path: str | os.PathLike) -> Results:
-        """Rows from a JSON Lines log; a truncated last line (crash mid-write) is dropped."""
+        """Rows from a JSON Lines log; a truncated last line (crash mid-write) is dropped.
+
+        A row repeated with the same key and settings fingerprint (``config``) is kept once; rows of the
+        same key from other settings are all kept (``evaluate`` picks those of its own settings).
+        """
         rows, seen = [], set()
         p = Path(path)
         if p.is_file():
@@ -139,7 +189,7 @@ class Results:
                     r = json.loads(line)
                 except json.JSONDecodeError:
                     continue
-                k = tuple(r[c] for c in KEY)
+                k = (*(r[c] for c in KEY), r.get("config"))
                 if k not in seen:
                     seen.add(k)
                     rows.append(r)

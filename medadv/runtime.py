@@ -80,10 +80,31 @@ def check_model(model: Any, name: str = "model") -> nn.Module:
     return model
 
 
+def _unbatched_hint(model: nn.Module, x: Tensor, name: str = "x") -> str | None:
+    """A message when ``x`` has one dimension fewer than the model's first convolution takes (no batch dim)."""
+    conv = next((m for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd)), None)
+    if conv is None or x.ndim != len(conv.kernel_size) + 1:
+        return None
+    want = "(N, C, " + ", ".join(("D", "H", "W")[3 - len(conv.kernel_size):]) + ")"
+    return (f"`{name}` of shape {tuple(x.shape)} has no batch dimension: the model's first layer "
+            f"({type(conv).__name__}) takes {want}; add one with `{name}.unsqueeze(0)`")
+
+
 def forward_tensor(model: nn.Module, x: Tensor) -> Tensor:
-    """``model(x)``, refusing outputs that are not one tensor (deep supervision lists, dicts, tuples)."""
-    out = model(x)
+    """``model(x)``, refusing outputs that are not one tensor (deep supervision lists, dicts, tuples) and
+    inputs without a batch dimension (checked only when the forward fails or loses the batch size)."""
+    try:
+        out = model(x)
+    except RuntimeError as err:
+        hint = _unbatched_hint(model, x)
+        if hint is None:
+            raise
+        raise ValueError(hint) from err
     if isinstance(out, Tensor):
+        if out.ndim == 0 or out.shape[0] != x.shape[0]:
+            hint = _unbatched_hint(model, x)
+            raise ValueError(hint or f"the model's output of shape {tuple(out.shape)} does not keep the batch "
+                             f"size {x.shape[0]} of `x` {tuple(x.shape)}; medadv needs batch-first outputs")
         return out
     kind = type(out).__name__
     raise TypeError(

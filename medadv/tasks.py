@@ -143,6 +143,29 @@ class Task(ABC):
         """Labels in the dtype the loss expects (used for clean predictions as labels)."""
         return y
 
+    def element_margin(self, logits: Tensor, y: Tensor) -> Tensor:
+        """Per-element logit margin on the element grid: the label's logit minus the best other logit.
+
+        Positive where the element is predicted as its label, negative where it is not, in logit units
+        (the margin/DLR family of attack objectives: Carlini & Wagner 2017; Croce & Hein 2020). Ignored
+        labels are not masked here; :meth:`margin` masks them through :meth:`reduce`.
+        """
+        raise NotImplementedError(f"{type(self).__name__} defines no logit margin (implement `element_margin`)")
+
+    def margin(self, logits: Tensor, y: Tensor, weight: Tensor | None = None) -> Tensor:
+        """Per-sample margin ``(N,)``: :meth:`element_margin` averaged by :meth:`reduce` (valid elements only,
+        optionally weighted). Untargeted attacks descend it, targeted attacks ascend it towards the target."""
+        return self.reduce(self.element_margin(logits, y), y, weight)
+
+
+def _class_margin(logits: Tensor, y: Tensor) -> Tensor:
+    """``z_y − max_{j≠y} z_j`` over the class axis (dim 1), element-grid shaped; ``y`` int64, element-grid shaped."""
+    idx = y.unsqueeze(1)
+    own = logits.gather(1, idx).squeeze(1)
+    # the label's own logit masked out; max(dim).values, not amax: one index gets the gradient on ties
+    others = logits.scatter(1, idx, float("-inf")).max(dim=1).values
+    return own - others
+
 
 class MultiClass(Task):
     """Single-label classification with softmax cross-entropy.
@@ -171,6 +194,22 @@ class MultiClass(Task):
 
     def element_loss(self, logits: Tensor, y: Tensor) -> Tensor:
         return F.cross_entropy(logits, y.long(), reduction="none")
+
+    def element_margin(self, logits: Tensor, y: Tensor) -> Tensor:
+        """``z_y − max_{j≠y} z_j`` per sample ``(N,)`` (positive: classified as ``y``)."""
+        return _class_margin(logits, y.long())
+
+    def dlr(self, logits: Tensor, y: Tensor) -> Tensor:
+        """Difference of logits ratio (Croce & Hein, ICML 2020), per sample ``(N,)``, sign as :meth:`margin`.
+
+        ``(z_y − max_{j≠y} z_j) / (z_π1 − z_π3 + 1e-12)`` with ``z_π1 ≥ z_π2 ≥ z_π3`` the sorted logits: the
+        margin made invariant to shifting and rescaling the logits. AutoAttack's DLR loss is its negative.
+        Needs K >= 3 classes.
+        """
+        if logits.shape[1] < 3:
+            raise ValueError(f"the DLR loss needs at least 3 classes (z_π3), got {logits.shape[1]}; use the margin")
+        srt = logits.sort(dim=1).values
+        return self.element_margin(logits, y) / (srt[:, -1] - srt[:, -3] + 1e-12)
 
     def predict(self, logits: Tensor) -> Tensor:
         return _argmax1(logits)
@@ -233,6 +272,15 @@ class MultiLabel(Task):
 
     def element_loss(self, logits: Tensor, y: Tensor) -> Tensor:
         return F.binary_cross_entropy_with_logits(logits, y.to(logits.dtype), reduction="none")
+
+    def element_margin(self, logits: Tensor, y: Tensor) -> Tensor:
+        """Per label ``(N, L)``: ``(2y − 1)·(z − logit(threshold))``.
+
+        Each label is the Bernoulli pair with logits ``[z, 0]`` (:meth:`log_probs`), so the pair's margin is
+        ``(2y − 1)·z``; it is measured from the decision threshold so that it is positive exactly where the
+        label is predicted correctly (the same as ``(2y − 1)·z`` at the default threshold 0.5).
+        """
+        return (2.0 * y.to(logits.dtype) - 1.0) * (logits - self._logit_threshold)
 
     def predict(self, logits: Tensor) -> Tensor:
         return (logits > self._logit_threshold).to(logits.dtype)
@@ -403,6 +451,16 @@ class Segmentation(Task):
     def element_loss(self, logits: Tensor, y: Tensor) -> Tensor:
         return F.cross_entropy(logits, self.safe_labels(y), reduction="none")
 
+    def element_margin(self, logits: Tensor, y: Tensor) -> Tensor:
+        """Per voxel ``(N, *spatial)``: ``z_y − max_{c≠y} z_c`` over all C channels.
+
+        Like the cross-entropy, the margin counts every valid voxel and :meth:`margin` averages it with
+        :meth:`reduce` (``ignore_index`` voxels excluded). ``include_background=False`` does not drop the
+        background channel or background voxels: the prediction is an arg-max over every channel, and a
+        background voxel pushed to an organ class is a false positive that lowers that organ's Dice.
+        """
+        return _class_margin(logits, self.safe_labels(y))
+
     def _dice_loss(self, logits: Tensor, y: Tensor, weight: Tensor | None) -> Tensor:
         """Soft Dice loss per sample ``(N,)`` (MONAI's DiceLoss when unweighted)."""
         target = self.one_hot(y, logits.dtype)
@@ -524,6 +582,7 @@ class Segmentation(Task):
         for src, dst in (replace or {}).items():
             target[ref == int(src)] = int(dst)  # relabel from the reference so swaps (1->2, 2->1) work
         if mask is not None:
+            assert fill is not None  # given together (checked above)
             if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
                 raise TypeError("`mask` must be a boolean tensor")
             try:

@@ -40,18 +40,25 @@ class RobustnessCheck:
             return json.loads(self.baseline_path.read_text())
         return {}
 
-    def measure(self, model, task, data, attack, metric: str | None = None) -> float:
+    def measure(self, model, task, data, attack, metric: str | None = None, target_fn=None) -> float:
+        """The ``metric`` column's mean under ``attack`` (default: the task's headline metric).
+
+        ``target_fn(x, y, clean_logits) -> target`` is required for targeted attacks (DAG, for one).
+        """
         from .evaluation import evaluate
         from .report.plots import headline_metric
 
-        results = evaluate(model, task, data, {"attack": attack})
+        results = evaluate(model, task, data, {"attack": attack}, target_fn=target_fn)
         metric = metric or headline_metric(results)
         return float(results.summary()[0][metric])
 
     def check(self, name: str, model, task, data, attack, *, min_value: float | None = None,
-              max_drop: float = 0.0, metric: str | None = None) -> float:
-        """Assert the metric under ``attack``; returns the measured value."""
-        value = self.measure(model, task, data, attack, metric)
+              max_drop: float = 0.0, metric: str | None = None, target_fn=None) -> float:
+        """Assert the metric under ``attack``; returns the measured value.
+
+        ``metric`` may be any summary column, e.g. an attack's own ``attack_*`` output.
+        """
+        value = self.measure(model, task, data, attack, metric, target_fn)
         if math.isnan(value):
             pytest.fail(f"robustness '{name}': the metric is NaN (empty data or undefined metric)")
         if min_value is not None and value < min_value:

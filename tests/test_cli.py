@@ -9,10 +9,71 @@ from medadv.models import save_checkpoint, small_cnn
 
 
 def test_attacks_command_lists_the_registry(capsys):
+    from medadv.attacks.base import available_attacks
+
     assert main(["attacks"]) == 0
     out = capsys.readouterr().out
-    for name in ("fgsm", "bim", "pgd", "cospgd", "segpgd"):
+    for name in ("fgsm", "bim", "pgd", "cospgd", "segpgd", *available_attacks()):
         assert name in out
+
+
+def test_attacks_params_lists_each_declared_parameter(capsys):
+    assert main(["attacks", "--params", "pgd", "vafa"]) == 0
+    out = capsys.readouterr().out
+    pgd, vafa = out.split("\n\nvafa: ")
+    assert "threat: Linf or L2 ball (one run per budget)" in pgd
+    assert "  steps         an integer >= 1; default 10" in pgd
+    assert "step_size     None or a finite number >= 0; default None" in pgd
+    assert "the data box (no ε: one run, budget None)" in vafa and "block" in vafa
+    # every parameter of every attack, from the declarations
+    from medadv.attacks.base import attack_class, available_attacks
+
+    assert main(["attacks", "--params"]) == 0
+    out = capsys.readouterr().out
+    for name in available_attacks():
+        assert f"{name}: " in out
+        for p in attack_class(name).param_names():
+            assert f"  {p} " in out, (name, p)
+    assert main(["attacks", "--params", "pgdd"]) == 2
+    assert "did you mean 'pgd'" in capsys.readouterr().err
+
+
+def test_evaluate_runs_box_and_targeted_attacks_once_with_their_outputs(tmp_path, capsys):
+    import numpy as np
+
+    g = torch.Generator().manual_seed(0)
+    np.savez(tmp_path / "vol.npz", x=torch.rand(2, 1, 8, 8, 8, generator=g).numpy(),
+             y=torch.randint(0, 3, (2, 8, 8, 8), generator=g).numpy())
+    cfg = {
+        "model": {"builder": "small_unet", "kwargs": {"in_channels": 1, "num_classes": 3, "ndim": 3,
+                                                      "channels": [4, 8]}},
+        "task": {"type": "segmentation", "num_classes": 3},
+        "data": {"source": "npz", "path": "vol.npz"},
+        "threat": {"norm": "linf", "bounds": [0.0, 1.0]},
+        "budgets": [0.02, 0.05],
+        "attacks": [{"name": "vafa", "steps": 1, "block": 8}, {"name": "dag", "steps": 2}, "fgsm"],
+        "output": "out",
+    }
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    # DAG is targeted by nature: without `target` the command says what to add
+    assert main(["evaluate", str(tmp_path / "cfg.yaml"), "--no-progress"]) == 2
+    assert "`target: background | least_likely" in capsys.readouterr().err
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump({**cfg, "target": "background"}))
+    assert main(["evaluate", str(tmp_path / "cfg.yaml"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    rows = json.loads((tmp_path / "out" / "results.json").read_text())["rows"]
+    per = {}
+    for r in rows:
+        per.setdefault((r["attack"], r["budget"]), []).append(r)
+    # VAFA has no ε: one run with budget None, not one per budget
+    assert sorted(per, key=str) == sorted([("vafa", None), ("dag@0.02", 0.02), ("dag@0.05", 0.05),
+                                           ("fgsm@0.02", 0.02), ("fgsm@0.05", 0.05)], key=str)
+    assert all(len(v) == 2 for v in per.values())
+    assert all("attack_iterations" in r for r in per[("dag@0.05", 0.05)])
+    main_table, details = out.split("attack-specific outputs (means):")
+    assert "vafa" in main_table and "attack_iterations" in details and "fgsm" not in details.split("wrote")[0]
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "## Attack-specific outputs" in report and "attack_fooled_fraction" in report
 
 
 def test_evaluate_command_runs_a_yaml_config(trained_multilabel, tmp_path, capsys):

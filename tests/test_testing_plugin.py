@@ -35,3 +35,27 @@ def test_plugin_records_then_enforces_baseline(pytester):
     res = pytester.runpytest_subprocess("--medadv-update-baselines")
     res.assert_outcomes(failed=1)
     assert "below the required minimum" in res.stdout.str()
+
+
+def test_measure_passes_the_target_of_a_targeted_attack(tmp_path):
+    import pytest
+    import torch
+    from torch import nn
+
+    from medadv.attacks import DAG
+    from medadv.tasks import Segmentation
+    from medadv.testing import RobustnessCheck
+    from medadv.threats import Box
+
+    torch.manual_seed(0)
+    model = nn.Conv2d(1, 3, 3, padding=1).eval()
+    x, y = torch.rand(2, 1, 8, 8), torch.randint(0, 3, (2, 8, 8))
+    task = Segmentation(3)
+    check = RobustnessCheck(tmp_path / "b.json", update=True)
+    dag = DAG(task, Box(0.0, 1.0), steps=3)
+    with pytest.raises(ValueError, match="target_fn"):
+        check.measure(model, task, (x, y), dag)
+    # an attack-specific column as the metric: DAG's share of the target region reached
+    value = check.check("dag", model, task, (x, y), dag, metric="attack_fooled_fraction",
+                        target_fn=lambda x, y, logits: torch.zeros_like(y))
+    assert 0.0 <= value <= 1.0

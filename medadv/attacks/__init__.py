@@ -1,46 +1,47 @@
-"""Attacks. Every attack is ``attack(model, x, y=None) -> AttackResult`` and registered by name."""
+"""Attacks. Every attack is ``attack(model, x, y=None) -> AttackResult`` and registered by name.
 
+All of them share one contract (declared parameters, a Box or a threat, typed details) and the iterative
+ones one engine (:mod:`medadv.attacks.engine`, step rules in :mod:`medadv.attacks.steps`).
+"""
+
+from .apgd import APGD, APGDDetails
 from .autoattack import AutoAttack
-from .base import Attack, AttackResult, attack_mode, available_attacks, get_attack, register
+from .base import Attack, AttackDetails, AttackResult, attack_class, attack_mode, available_attacks, get_attack, register
 from .bim import BIM
 from .cospgd import CosPGD
-from .dag import DAG, calibrate_gamma, dag_target_a, dag_target_b, dag_target_c
+from .dag import DAG, DAGDetails, calibrate_gamma, calibrate_step_size, dag_target_a, dag_target_b, dag_target_c
+from .engine import EngineOutput, IterativeAttack, StepContext
 from .fgsm import FGSM
-from .gap import GAP, GAPTrainer
+from .gap import GAP
 from .gradient import GradientAttack
 from .pgd import PGD
-from .relevance import SaliencyRelevance
-from .resistance import SaliencyResistance
-from .saliency import SaliencyAttack
+from .relevance import RelevanceDetails, SaliencyRelevance
+from .resistance import ResistanceDetails, SaliencyResistance
+from .saliency import SaliencyAttack, SaliencyDetails
 from .segpgd import SegPGD
-from .vafa import VAFA, VAFA2D, soft_quantize, soft_round
+from .steps import AdamStep, MomentumStep, NormalizedStep, SignStep, StepRule, ThreatStep
+from .vafa import VAFA, VAFA2D, VAFADetails, soft_quantize, soft_round
 
 __all__ = [
-    "Attack",
-    "AttackResult",
-    "attack_mode",
-    "available_attacks",
-    "get_attack",
+    "Attack", "AttackResult", "AttackDetails", "attack_mode", "available_attacks", "get_attack", "attack_class",
     "register",
-    "GradientAttack",
-    "FGSM",
-    "BIM",
-    "PGD",
-    "CosPGD",
-    "SegPGD",
+    "IterativeAttack", "StepContext", "EngineOutput",
+    "StepRule", "ThreatStep", "SignStep", "NormalizedStep", "MomentumStep", "AdamStep",
+    "GradientAttack", "FGSM", "BIM", "PGD", "CosPGD", "SegPGD", "APGD", "APGDDetails",
     "AutoAttack",
-    "DAG",
-    "dag_target_a",
-    "dag_target_b",
-    "dag_target_c",
-    "calibrate_gamma",
-    "VAFA",
-    "VAFA2D",
-    "soft_round",
-    "soft_quantize",
+    "DAG", "DAGDetails", "dag_target_a", "dag_target_b", "dag_target_c", "calibrate_step_size", "calibrate_gamma",
+    "VAFA", "VAFA2D", "VAFADetails", "soft_round", "soft_quantize",
     "GAP",
-    "GAPTrainer",
-    "SaliencyAttack",
-    "SaliencyRelevance",
-    "SaliencyResistance",
+    "SaliencyAttack", "SaliencyDetails", "SaliencyRelevance", "RelevanceDetails", "SaliencyResistance",
+    "ResistanceDetails",
 ]
+
+
+def __getattr__(name: str):
+    # GAPTrainer lives in medadv.training (a trainer, not an attack); kept importable from here lazily so
+    # importing the attacks never imports the training package (no attacks <-> training cycle)
+    if name == "GAPTrainer":
+        from ..training.gap import GAPTrainer
+
+        return GAPTrainer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,12 +9,15 @@ HU or z-scored MRI is attacked without being clipped to [0, 1].
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from ..tasks import MultiClass, Task
-from ..threats import L2, Linf, Threat
+from ..params import Constraint, Int, InvalidParameterError, Optional, Options, _did_you_mean
+from ..tasks import Task
+from ..threats import Threat
 from .base import Attack, register
 
 __all__ = ["AutoAttack", "UnitBox"]
@@ -23,12 +26,40 @@ _VERSIONS = ("standard", "plus", "rand", "custom")
 _ATTACKS = ("apgd-ce", "apgd-dlr", "fab", "square", "apgd-t", "fab-t")
 
 
+class _Members(Constraint):
+    """A non-empty list of distinct names from ``options`` (case-insensitive; stored canonical, in order)."""
+
+    def __init__(self, *options: str) -> None:
+        self.options = options
+
+    def describe(self) -> str:
+        return "a non-empty list of distinct names from " + ", ".join(repr(o) for o in self.options)
+
+    def convert(self, value: Any) -> list[str]:
+        if isinstance(value, str) or not isinstance(value, Sequence) or not value:
+            raise TypeError
+        out = [Options(*self.options).convert(v) for v in value]
+        if len(set(out)) != len(out):
+            raise ValueError
+        return out
+
+    def _hint(self, value: Any) -> str:
+        if isinstance(value, Sequence) and not isinstance(value, str):
+            bad = [v for v in value if isinstance(v, str) and v.lower() not in self.options]
+            if bad:
+                return _did_you_mean(bad[0], self.options)
+        return ""
+
+
 class UnitBox(nn.Module):
     """``model`` seen through the unit box: input ``u`` in [0, 1] is the data ``lo + u * (hi - lo)``.
 
     Lets toolkits that hard-code [0, 1] (AutoAttack, torchattacks) attack data in other units. ``lo`` and
     ``hi`` are scalars or tensors broadcastable to one batch (per-channel ranges).
     """
+
+    lo: Tensor
+    scale: Tensor
 
     def __init__(self, model: nn.Module, lo: float | Tensor, hi: float | Tensor) -> None:
         super().__init__()
@@ -66,16 +97,31 @@ class AutoAttack(Attack):
     """AutoAttack ensemble (pyautoattack) on a multi-class model; ε and bounds in data units.
 
     Croce and Hein, ICML 2020. Untargeted only (its targeted members, APGD-T and FAB-T, pick their own
-    target classes).
+    target classes). pyautoattack seeds torch's global RNG; medadv runs it inside a fork of the global
+    CPU (and CUDA) RNG state, so the caller's random stream is the same after the call as before.
 
     Args:
         task: :class:`~medadv.tasks.MultiClass` (AutoAttack is defined for softmax classifiers).
-        threat: ``Linf`` or ``L2`` ball with finite scalar bounds ``(lo, hi)`` in data units.
+        threat: ``Linf`` or ``L2`` ball (ε in data units) with finite scalar bounds ``(lo, hi)``.
         version: ``"standard"`` (APGD-CE, APGD-T, FAB-T, Square), ``"plus"``, ``"rand"`` or ``"custom"``.
-        attacks: for ``version="custom"``, the members to run, e.g. ``["apgd-ce", "square"]``.
+        attacks: for ``version="custom"`` (required there, refused otherwise), the members to run, e.g.
+            ``["apgd-ce", "square"]``, from ``"apgd-ce"``, ``"apgd-dlr"``, ``"fab"``, ``"square"``,
+            ``"apgd-t"``, ``"fab-t"``.
         batch_size: samples per AutoAttack batch (default: the whole batch).
-        seed: AutoAttack's seed (same seed, same adversarial tensor on CPU).
+        targeted: must be False (AutoAttack is untargeted).
+        seed: AutoAttack's seed (same seed, same adversarial tensor on CPU); ``None`` draws one from
+            torch's global RNG.
     """
+
+    params: ClassVar[dict[str, Any]] = {
+        "version": Options(*_VERSIONS),
+        "attacks": Optional(_Members(*_ATTACKS)),
+        "batch_size": Optional(Int(low=1)),
+    }
+    tasks = ("MultiClass",)
+    version: str
+    attacks: list[str] | None
+    batch_size: int | None
 
     def __init__(
         self,
@@ -89,39 +135,34 @@ class AutoAttack(Attack):
         seed: int | None = 0,
     ) -> None:
         super().__init__(task, threat, targeted=targeted, seed=seed)
-        if not isinstance(task, MultiClass):
-            raise TypeError(f"AutoAttack needs a MultiClass task, got {task!r}")
-        if not isinstance(threat, (Linf, L2)):
-            raise TypeError(f"`threat` must be Linf or L2 for AutoAttack, got {threat!r}")
+        self._init_params(locals())
         if threat.bounds is None or any(isinstance(b, Tensor) for b in threat.bounds):
-            raise ValueError("AutoAttack needs finite scalar `bounds` (lo, hi) on the threat, got "
-                             f"{threat.describe_bounds()}")
-        if targeted:
-            raise ValueError("AutoAttack is untargeted (its APGD-T/FAB-T members choose their own targets)")
-        if version not in _VERSIONS:
-            raise ValueError(f"`version` must be one of {_VERSIONS}, got {version!r}")
-        if (attacks is None) == (version == "custom"):
-            raise ValueError("`attacks` is required with version='custom' and not allowed otherwise")
-        if attacks is not None:
-            bad = [a for a in attacks if a not in _ATTACKS]
-            if bad or not attacks:
-                raise ValueError(f"`attacks` must be a non-empty list from {_ATTACKS}, got {attacks!r}")
-        if batch_size is not None and int(batch_size) < 1:
-            raise ValueError(f"`batch_size` must be >= 1, got {batch_size}")
-        self.version = version
-        self.attacks = None if attacks is None else list(attacks)
-        self.batch_size = batch_size
+            raise InvalidParameterError("AutoAttack needs finite scalar `bounds` (lo, hi) on the threat, got "
+                                        f"{threat.describe_bounds()}")
+        if self.targeted:
+            raise InvalidParameterError("`targeted` of AutoAttack must be False: AutoAttack is untargeted "
+                                        "(its APGD-T/FAB-T members choose their own targets)")
+        if (self.attacks is None) == (self.version == "custom"):
+            raise InvalidParameterError("`attacks` of AutoAttack is required with version='custom' and not "
+                                        f"allowed with version={self.version!r}")
 
-    def perturb(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor):
+    def perturb(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor | None, **call_args: Any) -> Tensor:
         from pyautoattack import AutoAttack as _AutoAttack
 
-        lo, hi = self.threat.bounds  # type: ignore[union-attr]
+        threat = self.threat
+        assert threat is not None and threat.bounds is not None
+        lo, hi = threat.bounds
         box = UnitBox(model, lo, hi).to(x.device)
-        norm = "Linf" if math.isinf(self.threat.p) else "L2"  # type: ignore[union-attr]
-        aa = _AutoAttack(box, attacks=self.attacks, device=x.device, eps=box.unit_eps(self.threat.eps),  # type: ignore[union-attr]
-                         norm=norm, seed=self.seed, version=self.version)
+        norm = "Linf" if math.isinf(threat.p) else "L2"
+        # seed=None: one seed from the global RNG (the caller's stream, used like any unseeded attack)
+        seed = self.seed if self.seed is not None else int(torch.randint(2**31 - 1, ()).item())
         u = box.encode(x)
-        with torch.enable_grad():
+        # pyautoattack calls torch.manual_seed / torch.cuda.manual_seed: fork the global CPU and CUDA RNG
+        # states so the caller's stream is untouched (medadv never changes global RNG state)
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices), torch.enable_grad():
+            aa = _AutoAttack(box, attacks=self.attacks, device=x.device, eps=box.unit_eps(threat.eps),
+                             norm=norm, seed=seed, version=self.version)
             u_adv, _ = aa.run_standard_evaluation(u, y, batch_size=self.batch_size or x.shape[0])
         # back in data units, exactly inside the ball and bounds (undo the unit-box round-off)
-        return self.threat.finalize(x, box.decode(u_adv.to(x), x))  # type: ignore[union-attr]
+        return threat.finalize(x, box.decode(u_adv.to(x), x))

@@ -165,7 +165,12 @@ class Attack(Configurable, ABC):
                     "box": "a Box (data bounds; Box.unbounded() for unbounded data)",
                     "ball_or_box": f"a {' or '.join(self.norms)} threat or a Box"}[kind]
             raise TypeError(f"`threat` of {owner} must be {want}, got {threat!r}")
-        self._init_params({"targeted": targeted, "seed": seed})
+        # stored even when a subclass does not expose them (e.g. always-targeted attacks)
+        declared = Attack.params
+        self.targeted = declared["targeted"].check(targeted, "targeted", owner)
+        self.seed = declared["seed"].check(seed, "seed", owner)
+        if self.always_targeted:
+            self.targeted = True
 
     # --- properties used by evaluation, configs and reports ---------------------------------------------
     @property
@@ -181,6 +186,11 @@ class Attack(Configurable, ABC):
     @property
     def threat_or_box(self) -> Threat | Box:
         return self.threat if self.threat is not None else self.box
+
+    def set_params(self, **params: Any) -> Attack:
+        """A new attack with some parameters changed (this one is never mutated)."""
+        new = {**self.get_params(), **self.check_kwargs(params)}
+        return type(self)(self.task, self.threat_or_box, **new)
 
     def fingerprint(self) -> str:
         from ..params import stable_hash
@@ -206,6 +216,8 @@ class Attack(Configurable, ABC):
             raise ValueError("`y` (the target) is required for a targeted attack")
         if y is not None and not isinstance(y, Tensor):
             raise TypeError(f"`y` must be a torch.Tensor, got {type(y).__name__}")
+        if y is not None and y.device.type == "meta":
+            raise ValueError("`y` is on the meta device (no data); materialise it first")
 
     @final
     def __call__(self, model: nn.Module, x: Tensor, y: Tensor | None = None, **call_args: Any) -> AttackResult:

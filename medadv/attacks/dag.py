@@ -9,22 +9,34 @@ DAG is a *targeted* attack on a whole label map: each step sums, over the voxels
 that are not yet at their adversarial label (the active set), the difference "target logit − logit of
 the currently predicted class", and moves the input along that gradient normalised to a step of
 length γ (L∞ by default, as in Xie's code). It stops when at most ``stop_fraction`` of the target
-region remains unfooled (1 % in Xie's code) or after ``max_iter`` steps. There is no ε-ball unless one
-is given (the bounded variant used by segmentation benchmarks).
+region remains unfooled (1 % in Xie's code) or after ``steps`` steps. There is no ε-ball unless one
+is given (the bounded variant used by segmentation benchmarks). The loop is the engine's
+(:class:`~medadv.attacks.engine.IterativeAttack`): DAG supplies the objective, the normalised step and
+the per-sample stop test.
 """
 
 from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..metrics.image import mse, ssim
+from ..params import InvalidParameterError, Optional, Options, Real, renamed
 from ..tasks import Segmentation, Task
-from ..threats import Bounds, Linf, Threat, per_sample_norm
-from .base import Attack, AttackResult, check_input, register
+from ..threats import Box, Threat, per_sample_norm
+from .base import AttackDetails, AttackResult, register
+from .engine import EngineOutput, IterativeAttack, StepContext
+from .steps import StepRule
 
-__all__ = ["DAG", "dag_target_a", "dag_target_b", "dag_target_c", "calibrate_gamma"]
+__all__ = ["DAG", "DAGDetails", "dag_target_a", "dag_target_b", "dag_target_c", "calibrate_gamma",
+           "calibrate_step_size"]
 
 
 # --- Paschali's adversarial targets ----------------------------------------------------------------------------
@@ -124,11 +136,75 @@ def dag_target_c(
 
 
 # --- the attack ---------------------------------------------------------------------------------------------------
-_REQUIRED = object()  # bounds have no default: medadv never assumes a [0, 1] data range
+def bounds_keyword(argument: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Decorator for ``__init__``: the deprecated ``bounds=(lo, hi)`` keyword becomes the data box.
+
+    Older releases took the data range as ``bounds=``; the box is now the positional ``argument``
+    (``DAG(task, Box(0, 1))``). ``bounds=None`` meant unbounded data: it becomes ``Box.unbounded()``.
+    """
+
+    def deco(init: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(init)
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+            if "bounds" in kwargs:
+                bounds = kwargs.pop("bounds")
+                owner = type(self).__name__
+                if len(args) > 1 and args[1] is None:
+                    args = args[:1]  # an explicit positional None, e.g. from calibrate_step_size
+                if len(args) > 1 or kwargs.get(argument) is not None:
+                    raise InvalidParameterError(f"give the data box of {owner} once, as `{argument}` "
+                                                "(`bounds` is its deprecated name)")
+                # stacklevel 3: the caller, past this wrapper and the `renamed` one around it
+                warnings.warn(f"`bounds` of {owner} is deprecated; pass the data box: {owner}(task, Box(lo, hi))",
+                              FutureWarning, stacklevel=3)
+                kwargs[argument] = bounds if isinstance(bounds, Threat) else Box.coerce(bounds)
+            init(self, *args, **kwargs)
+
+        return wrapper
+
+    return deco
+
+
+@dataclass
+class DAGDetails(AttackDetails):
+    """DAG's per-sample results (the declared ``columns`` become result-table columns).
+
+    Attributes:
+        fooled_fraction: share of the target region at its adversarial label on ``x_adv``, ``(N,)``.
+        iterations: steps that moved the sample (a stopped sample no longer moves), ``(N,)``.
+        mse: mean squared perturbation (data units squared), ``(N,)``.
+        ssim: SSIM between ``x`` and ``x_adv`` over the box's data range (Gaussian window ≤ 7), ``(N,)``.
+        target_region_size: voxels in the target region, ``(N,)``.
+        linf, l2: perturbation norms in data units, ``(N,)`` (also in :class:`AttackResult`).
+    """
+
+    columns: ClassVar[tuple[str, ...]] = ("fooled_fraction", "iterations", "mse", "ssim", "target_region_size")
+
+    fooled_fraction: Tensor
+    iterations: Tensor
+    mse: Tensor
+    ssim: Tensor
+    target_region_size: Tensor
+    linf: Tensor
+    l2: Tensor
+
+
+class _DAGStep(StepRule):
+    """``v + γ · g / ‖g‖_p`` per sample, no move for a zero gradient (:class:`NormalizedStep`'s rule with
+    the scale applied per sample: one pass over the input instead of four)."""
+
+    def __init__(self, step_size: float, p: float) -> None:
+        self.step_size, self.p = step_size, p
+
+    def step(self, v: Tensor, g: Tensor, objective: Tensor, ctx: StepContext, state: dict[str, Any]) -> Tensor:
+        n = per_sample_norm(g, self.p)
+        # γ/‖g‖ per sample (0 where the gradient is 0: a sample with no active voxel must not move)
+        scale = torch.where(n > 0, self.step_size / n.clamp_min(1e-30), torch.zeros_like(n))
+        return torch.addcmul(v, g, scale.reshape((-1,) + (1,) * (g.ndim - 1)))
 
 
 @register("dag")
-class DAG(Attack):
+class DAG(IterativeAttack):
     """Dense Adversary Generation (Xie et al. 2017): targeted, per-voxel, logit-difference steps.
 
     Call as ``attack(model, x, y_adv, target_mask=None)`` where ``y_adv`` is the adversarial label map
@@ -137,173 +213,191 @@ class DAG(Attack):
 
     At step m the active set is ``A_m = target_mask ∧ (prediction ≠ y_adv)``; the ascent direction is
     ``∇_x Σ_{p∈A_m} [z_{y_adv(p)}(p) − z_{pred(p)}(p)]`` on the logits, normalised per sample to
-    length ``gamma`` in the chosen norm (Xie's code uses L∞: ``r' = γ ∇/‖∇‖∞``). A sample stops moving
-    once at most ``stop_fraction`` of its target region remains; the loop ends when every sample has
-    stopped (checked every ``check_every`` steps, the only host synchronisation) or after ``max_iter``.
+    length ``step_size`` in the chosen norm (Xie's code uses L∞: ``r' = γ ∇/‖∇‖∞``). A sample stops
+    moving once at most ``stop_fraction`` of its target region remains (tested every step on the device);
+    stopped samples leave the batch every ``check_every`` steps (the only host synchronisation), and
+    the loop ends when none is left or after ``steps``.
 
     Args:
         task: a :class:`~medadv.tasks.Segmentation` task (2-D or 3-D logits).
-        threat: optional :class:`~medadv.threats.Linf` ball for the bounded variant (ε and bounds in data
-            units); ``None`` for the unbounded original (then ``bounds`` gives the data range).
-        bounds: ``(lo, hi)`` data range in data units, required when ``threat`` is None (pass ``None``
-            for unbounded data). Ignored when ``threat`` is given (the threat's bounds are used).
-        gamma: step length γ in data units (0.5/255 on [0, 1] data is Xie's 0.5 on a 0–255 scale).
-        max_iter: maximum number of steps M₀ (200 for segmentation in Xie et al.).
-        stop_fraction: stop once the unfooled share of the target region is at most this (Xie: 0.01).
+        threat: the data :class:`~medadv.threats.Box` (``Box(lo, hi)`` in data units, or
+            ``Box.unbounded()``) for the original, unbounded attack; or a :class:`~medadv.threats.Linf`
+            ball (ε and box in data units) for the bounded variant used by segmentation benchmarks.
+        steps: maximum number of steps M₀ (200 for segmentation in Xie et al.). Formerly ``max_iter``.
+        step_size: step length γ in data units. Default ``None``: ``0.5/255`` of the box's data range
+            (Xie's 0.5 grey levels on 0–255 images; ``0.5/255`` on ``[0, 1]`` data). Required when the box
+            is unbounded. Formerly ``gamma``.
+        stop_fraction: a sample stops once the unfooled share of its target region is at most this
+            (Xie: 0.01).
         norm: ``"linf"`` (Xie) or ``"l2"`` (the Naeem & Paschali PyTorch port) step normalisation.
-        check_every: steps between checks that every sample has stopped (each check is one host sync;
-            stopped samples no longer move in between, so this only bounds wasted steps).
+        check_every: steps between compactions of the batch (each is one host sync; stopped samples
+            do not move in between, so this only bounds wasted forward passes).
+        amp: forward/backward under bf16 autocast on CUDA (logits in fp32).
+        record_trace: keep the per-sample objective (the summed logit difference over the active set)
+            of every step in ``AttackResult.trace["objective"]``, ``(steps, N)``, NaN after a sample stopped.
         seed: unused (DAG is deterministic); kept for the common signature.
 
-    ``AttackResult.extras`` holds per-sample ``mse``, ``linf``, ``l2``, ``ssim``, ``fooled_fraction``
-    (share of the target region at its target) and the number of ``iterations`` run.
+    The result's ``details`` is a :class:`DAGDetails` (``fooled_fraction``, ``iterations``, ``mse``,
+    ``ssim``, ``target_region_size`` per sample, plus ``linf``/``l2``).
     """
 
+    params: ClassVar[dict[str, Any]] = {
+        "step_size": Optional(Real(low=0, low_open=True)),
+        "stop_fraction": Real(low=0, high=1, high_open=True),
+        "norm": Options("linf", "l2"),
+    }
+    threat_kind = "ball_or_box"
+    norms = ("Linf",)
+    tasks = ("Segmentation",)
+    spatial_dims = (2, 3)
+    always_targeted = True
+    call_args = ("target_mask",)
+    aliases: ClassVar[dict[str, str]] = {"max_iter": "steps", "gamma": "step_size"}  # configs, get_attack
+    # the first step's forward is the clean forward (DAG starts at x): no separate clean pass
+    needs_clean_logits = False
+    trace_key = "objective"
+    step_size: float | None
+    stop_fraction: float
+    norm: str
+
+    @renamed(max_iter="steps", gamma="step_size")
+    @bounds_keyword("threat")
     def __init__(
         self,
         task: Task,
-        threat: Threat | None = None,
+        threat: Threat | Box | None = None,
         *,
-        bounds: Bounds | None | object = _REQUIRED,
-        gamma: float = 0.5 / 255,
-        max_iter: int = 200,
+        steps: int = 200,
+        step_size: float | None = None,
         stop_fraction: float = 0.01,
         norm: str = "linf",
         check_every: int = 10,
+        amp: bool = False,
+        record_trace: bool = False,
         seed: int | None = 0,
     ) -> None:
-        if not isinstance(task, Segmentation):
-            raise TypeError(f"`task` must be a Segmentation task for DAG, got {task!r}")
-        if threat is not None and not isinstance(threat, Linf):
-            raise TypeError(f"`threat` must be a Linf ball or None for DAG, got {threat!r}")
         super().__init__(task, threat, targeted=True, seed=seed)
-        if not float(gamma) > 0:
-            raise ValueError(f"`gamma` must be > 0 (data units), got {gamma}")
-        if int(max_iter) < 1:
-            raise ValueError(f"`max_iter` must be >= 1, got {max_iter}")
-        if not 0.0 <= float(stop_fraction) < 1.0:
-            raise ValueError(f"`stop_fraction` must be in [0, 1), got {stop_fraction}")
-        if norm not in ("linf", "l2"):
-            raise ValueError(f"`norm` must be 'linf' or 'l2', got {norm!r}")
-        if int(check_every) < 1:
-            raise ValueError(f"`check_every` must be >= 1, got {check_every}")
-        if threat is None and bounds is _REQUIRED:
-            raise ValueError("`bounds` is required when `threat` is None: the data range (lo, hi) in data "
-                             "units, or None for unbounded data")
-        if bounds is _REQUIRED:
-            bounds = None
-        # an unbounded Linf with eps=inf would be a hack; keep a plain clip helper instead
-        self._clip_threat = threat if threat is not None else (None if bounds is None else Linf(0.0, bounds=bounds))
-        self.gamma = float(gamma)
-        self.max_iter = int(max_iter)
-        self.stop_fraction = float(stop_fraction)
-        self.norm = norm
-        self.check_every = int(check_every)
-        self._mask: Tensor | None = None
+        self.targeted = True  # not a parameter: DAG's y is always the adversarial target map
+        self._init_params(locals())
+        if self.step_size is None and not self.box.bounded:
+            raise InvalidParameterError("`step_size` of DAG is required when the data box is unbounded (the "
+                                        "default is 0.5/255 of the box's data range)")
 
     @property
-    def bounds(self):
-        return None if self._clip_threat is None else self._clip_threat.bounds
+    def alpha(self) -> float:
+        """The step length γ in data units (``step_size``, or ``0.5/255`` of the box's data range)."""
+        return self.step_size if self.step_size is not None else 0.5 / 255 * self.box.data_range()
 
-    def __call__(self, model: nn.Module, x: Tensor, y: Tensor | None = None,
-                 target_mask: Tensor | None = None) -> AttackResult:
-        if y is None:
-            raise ValueError("`y` (the adversarial target map, e.g. from dag_target_a) is required for DAG")
-        check_input(x, self._clip_threat if self.threat is None else self.threat)
-        if target_mask is not None:
-            if not isinstance(target_mask, Tensor) or target_mask.dtype != torch.bool:
+    @property
+    def gamma(self) -> float:
+        """Deprecated name of :attr:`alpha`."""
+        return self.alpha
+
+    @property
+    def max_iter(self) -> int:
+        """Deprecated name of ``steps``."""
+        return self.steps
+
+    def set_params(self, **params: Any) -> DAG:
+        # the positional argument is the box when there is no ball (base ``set_params`` reads ``threat``)
+        new = {**self.get_params(), **self.check_kwargs(params)}
+        return type(self)(self.task, self.threat_or_box, **new)
+
+    # --- engine hooks ----------------------------------------------------------------------------------------
+    def setup(self, model: nn.Module, ctx: StepContext) -> None:
+        y = ctx.y
+        mask = ctx.shared.pop("target_mask", None)
+        if mask is not None:
+            if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
                 raise TypeError("`target_mask` must be a bool tensor (N, *spatial)")
-            if isinstance(y, Tensor) and target_mask.shape != y.shape:
-                raise ValueError(f"`target_mask` must have the shape of `y` {tuple(y.shape)}, got {tuple(target_mask.shape)}")
-        self._mask = target_mask
-        try:
-            return super().__call__(model, x, y)
-        finally:
-            self._mask = None  # no state carried between calls
+            if mask.shape != y.shape:
+                raise ValueError(f"`target_mask` must have the shape of `y` {tuple(y.shape)}, got {tuple(mask.shape)}")
+            ctx.state["region"] = self._valid_region(mask.to(y.device), y)
+        task = self.task
+        assert isinstance(task, Segmentation)  # the class declares tasks = ("Segmentation",)
+        ctx.state["target"] = task.safe_labels(y)
 
-    def _clip(self, x0: Tensor, x: Tensor) -> Tensor:
-        if self.threat is not None:
-            return self.threat.finalize(x0, x)
-        return x if self._clip_threat is None else self._clip_threat.clip(x)
-
-    def _direction(self, g: Tensor) -> Tensor:
-        p = float("inf") if self.norm == "linf" else 2.0
-        n = per_sample_norm(g, p).reshape(-1, *([1] * (g.ndim - 1)))
-        # a sample with no active voxel has a zero gradient: it must not move
-        return torch.where(n > 0, g / n.clamp_min(1e-30), torch.zeros_like(g))
-
-    def perturb(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor):
-        pred0 = logits.argmax(dim=1)
-        region = (pred0 != y) if self._mask is None else self._mask.to(x.device)
+    def _valid_region(self, region: Tensor, y: Tensor) -> Tensor:
         valid = self.task.valid_mask(y)
-        if valid is not None:
-            region = region & valid
-        y_safe = self.task.safe_labels(y)
-        target = y_safe.unsqueeze(1)
-        n_region = region.reshape(x.shape[0], -1).sum(dim=1).clamp_min(1)
-        shape = (-1,) + (1,) * (x.ndim - 1)
-        x_adv = x.clone()
-        done = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
-        iterations = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
-        for m in range(self.max_iter):
-            with torch.enable_grad():
-                x_adv.requires_grad_(True)
-                z = model(x_adv)
-                pred = z.detach().argmax(dim=1)
-                active = region & (pred != y_safe)
-                remaining = active.reshape(x.shape[0], -1).sum(dim=1) / n_region
-                done = done | (remaining <= self.stop_fraction)
-                diff = z.gather(1, target) - z.gather(1, pred.unsqueeze(1))
-                g_obj = (diff.squeeze(1) * active.to(z.dtype)).sum()
-                (g,) = torch.autograd.grad(g_obj, x_adv)
-            step = self.gamma * self._direction(g) * (~done).reshape(shape).to(g.dtype)
-            iterations = iterations + (~done).long()
-            x_adv = self._clip(x, x_adv.detach() + step)
-            if (m + 1) % self.check_every == 0 and bool(done.all()):
-                break
+        return region if valid is None else region & valid
+
+    def step_rule(self) -> StepRule:
+        return _DAGStep(self.alpha, float("inf") if self.norm == "linf" else 2.0)
+
+    def objective(self, model: nn.Module, v: Tensor, ctx: StepContext) -> tuple[Tensor, Tensor]:
+        logits = self.forward(model, v)
+        if ctx.shared.pop("validate_y", False):  # y checked against the first (clean) output
+            self.task.validate(logits, ctx.y, "y")
+        st = ctx.state
+        # one max over the class axis gives both the prediction (first maximum, as argmax) and its logit,
+        # whose backward is the same index scatter as a gather; argmax(dim=1) alone is ~9x slower on CPU
+        top = logits.max(dim=1)
+        pred = top.indices
+        if "region" not in st:
+            # default region: voxels whose clean prediction is not the target; step 0 is at x, so this
+            # forward is the clean one
+            st["region"] = self._valid_region(pred != st["target"], ctx.y)
+        if "n_region" not in st:
+            st["n_region"] = st["region"].flatten(1).sum(dim=1).clamp_min(1)
+        active = st["region"] & (pred != st["target"])
+        ctx.shared["active"] = active  # read by stop() on this same step
+        diff = logits.gather(1, st["target"].unsqueeze(1)).squeeze(1) - top.values
+        obj = (diff * active.to(diff.dtype)).flatten(1).sum(dim=1)
+        return obj, logits
+
+    def stop(self, logits: Tensor, ctx: StepContext) -> Tensor:
+        active = ctx.shared.pop("active")
+        remaining = active.flatten(1).sum(dim=1) / ctx.state["n_region"]
+        return remaining <= self.stop_fraction
+
+    def project(self, v: Tensor, ctx: StepContext) -> Tensor:
+        if self.threat is not None:
+            return self.threat.finalize(ctx.x, v)
+        return self.box.clip(v)
+
+    def details(self, model: nn.Module, out: EngineOutput) -> DAGDetails:
+        ctx = out.ctx
+        x, x_adv = ctx.x, out.x_adv
+        region, target = ctx.state["region"], ctx.state["target"]
         with torch.no_grad():
-            pred = model(x_adv).argmax(dim=1)
-        hit = (region & (pred == y_safe)).reshape(x.shape[0], -1).sum(dim=1)
+            pred = self.task.predict(self.forward(model, x_adv))
+        size = region.flatten(1).sum(dim=1)
+        hit = (region & (pred == target)).flatten(1).sum(dim=1)
         delta = x_adv - x
         win = min(7, *[s - (1 - s % 2) for s in x.shape[2:]])
-        extras = {
-            "mse": mse(x, x_adv),
-            "linf": per_sample_norm(delta, float("inf")),
-            "l2": per_sample_norm(delta, 2.0),
-            "ssim": ssim(x, x_adv, data_range=self._data_range(x), win_size=max(1, win)),
-            "fooled_fraction": hit.to(x.dtype) / n_region.to(x.dtype),
-            "target_region_size": region.reshape(x.shape[0], -1).sum(dim=1),
-            "iterations": iterations,
-        }
-        return x_adv, extras
-
-    def _data_range(self, x: Tensor) -> float:
-        b = self.bounds
-        if b is None or isinstance(b[0], Tensor) or isinstance(b[1], Tensor):
-            return float(x.max() - x.min()) or 1.0
-        return float(b[1]) - float(b[0])
+        return DAGDetails(
+            fooled_fraction=hit.to(x.dtype) / size.clamp_min(1).to(x.dtype),
+            iterations=out.iterations,
+            mse=mse(x, x_adv),
+            ssim=ssim(x, x_adv, data_range=self.box.data_range(x), win_size=max(1, win)),
+            target_region_size=size,
+            linf=per_sample_norm(delta, float("inf")),
+            l2=per_sample_norm(delta, 2.0),
+        )
 
 
-def calibrate_gamma(
+def calibrate_step_size(
     model: nn.Module,
     task: Segmentation,
     x: Tensor,
     y_adv: Tensor,
     target_mask: Tensor | None = None,
     *,
+    threat: Threat | Box | None = None,
     target_mse: float = 0.004,
     low: float = 1e-4,
     high: float = 0.05,
     iters: int = 6,
-    **dag_kwargs,
+    **dag_kwargs: Any,
 ) -> tuple[float, AttackResult]:
     """Choose DAG's step γ so the mean MSE of the attack is close to ``target_mse``.
 
     Paschali et al. report the size of their DAG perturbations, not the step (MSE 0.004 for type A,
     0.002 for types B and C, on [0, 1] images), so the spec calibrates γ to the MSE rather than copying
-    it. This is a geometric bisection on ``[low, high]``, one full DAG run per iteration. Larger steps
-    give larger perturbations until the stopping rule ends the run. Returns the γ with the closest
-    mean MSE and its result.
+    it. This is a geometric bisection on ``[low, high]`` (data units), one full DAG run per iteration.
+    Larger steps give larger perturbations until the stopping rule ends the run. ``threat`` is DAG's
+    box or ball; other keyword arguments go to :class:`DAG`. Returns the γ with the closest mean MSE
+    and its result.
     """
     if not float(target_mse) > 0:
         raise ValueError(f"`target_mse` must be > 0, got {target_mse}")
@@ -315,8 +409,9 @@ def calibrate_gamma(
     best: tuple[float, float, AttackResult] | None = None
     for _ in range(int(iters)):
         gamma = (lo * hi) ** 0.5
-        res = DAG(task, gamma=gamma, **dag_kwargs)(model, x, y_adv, target_mask=target_mask)
-        m = float(res.extras["mse"].mean())
+        res = DAG(task, threat, step_size=gamma, **dag_kwargs)(model, x, y_adv, target_mask=target_mask)
+        assert isinstance(res.details, DAGDetails)
+        m = float(res.details.mse.mean())
         if best is None or abs(m - target_mse) < best[0]:
             best = (abs(m - target_mse), gamma, res)
         if m < target_mse:
@@ -325,3 +420,7 @@ def calibrate_gamma(
             hi = gamma
     assert best is not None
     return best[1], best[2]
+
+
+#: the former name of :func:`calibrate_step_size`
+calibrate_gamma = calibrate_step_size

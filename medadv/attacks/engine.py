@@ -249,7 +249,7 @@ class IterativeAttack(Attack):
         iterations = torch.zeros(n, dtype=torch.long, device=v.device)
         best_v = v.clone() if self.keep_best else None
         best_ok = torch.zeros(n, dtype=torch.bool, device=v.device)
-        best_score = torch.full((n,), float("-inf"), device=v.device)
+        best_score = torch.full((n,), float("-inf"), device=v.device, dtype=torch.float64)  # any score dtype fits
         stopped = torch.zeros(n, dtype=torch.bool, device=v.device)
         full_ctx = ctx
         steps = self.steps
@@ -279,7 +279,7 @@ class IterativeAttack(Attack):
                 cur_ok, cur_score = best_ok[ctx.index], best_score[ctx.index]
                 b = self.better(ok, score, cur_ok, cur_score)
                 best_ok = best_ok.index_copy(0, ctx.index, torch.where(b, ok, cur_ok))
-                best_score = best_score.index_copy(0, ctx.index, torch.where(b, score, cur_score))
+                best_score = best_score.index_copy(0, ctx.index, torch.where(b, score.to(cur_score.dtype), cur_score))
                 assert best_v is not None
                 best_v = best_v.index_copy(0, ctx.index, torch.where(_rows(b, v), v, best_v[ctx.index]))
             if g is not None:
@@ -315,7 +315,7 @@ class IterativeAttack(Attack):
                     logits = self.forward(model, self.to_input(out_v, ctx))
                     ok, score = self.assess(model, out_v, logits, self.logits_objective(logits, ctx), ctx)
                 b = self.better(ok, score, best_ok, best_score)
-                best_ok, best_score = torch.where(b, ok, best_ok), torch.where(b, score, best_score)
+                best_ok, best_score = torch.where(b, ok, best_ok), torch.where(b, score.to(best_score.dtype), best_score)
                 best_v = torch.where(_rows(b, out_v), out_v, best_v)
             if self.fallback == "last":
                 final_v = torch.where(_rows(best_ok, out_v), best_v, out_v)

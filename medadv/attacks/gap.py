@@ -1,4 +1,4 @@
-"""GAP: generative adversarial perturbations, and the trainer that fits the generator.
+"""GAP: generative adversarial perturbations (the attack; its trainer is :class:`medadv.training.GAPTrainer`).
 
 Poursaeed, Katsman, Gao, Belongie. "Generative Adversarial Perturbations", CVPR 2018; used on medical
 classifiers by Xu, Zhang, Li, Liu, Zhang. "Towards evaluating the robustness of deep diagnostic models
@@ -7,7 +7,7 @@ by adversarial attack", Medical Image Analysis 2021.
 A generator network G maps an image (image-dependent GAP) or one fixed noise tensor (universal GAP) to
 a raw perturbation ``u = G(.)`` in (-1, 1). The L∞ budget is enforced by *rescaling*, never amplifying:
 ``delta = u * min(1, eps / ||u||_inf)`` per sample (and per channel by default, as in both reference
-codes), then ``x_adv = clip(x + delta)`` to the data bounds. Once trained, :class:`GAP` is an ordinary
+codes), then ``x_adv = clip(x + delta)`` to the data box. Once trained, :class:`GAP` is an ordinary
 medadv attack: one forward pass of G per batch, usable in :func:`medadv.evaluation.evaluate` and on
 other models than the one it was trained against (transfer).
 """
@@ -15,26 +15,100 @@ other models than the one it was trained against (transfer).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from ..models.generators import build_generator
-from ..models.io import load_checkpoint, save_checkpoint
+from ..params import (
+    Bool,
+    Component,
+    Constraint,
+    InvalidParameterError,
+    Optional,
+    Options,
+    Real,
+    look_up_option,
+)
 from ..tasks import Task
-from ..threats import Linf, Threat
-from .base import Attack, attack_mode, check_input, model_device, register
+from ..threats import Threat
+from .base import Attack, model_device, register
 
-__all__ = ["GAP", "GAPTrainer"]
+__all__ = ["GAP", "load_generator"]  # GAPTrainer: re-exported lazily (module __getattr__ below)
 
-_LOSSES = ("least_likely", "neg_true_logprob")
+#: generators built fresh from an architecture name: GAP refuses to attack with them until trained
+_UNTRAINED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+#: generators loaded from a GAPTrainer checkpoint -> the GAP settings they were trained with
+_CHECKPOINT_SETTINGS: weakref.WeakKeyDictionary[nn.Module, dict[str, Any]] = weakref.WeakKeyDictionary()
+#: the settings a generator's checkpoint fixes (G was trained for them)
+_TRAINED_WITH = ("universal", "input_shape", "per_channel", "output_scale")
+_ARCHITECTURES = ("unet", "resnet")
 
 
-def _as_tuple(shape: Any) -> tuple[int, ...]:
-    return tuple(int(s) for s in shape)
+def load_generator(path: str | os.PathLike) -> tuple[nn.Module, dict[str, Any]]:
+    """The generator of a :class:`~medadv.training.GAPTrainer` checkpoint (its best epoch) and the payload."""
+    from ..models.generators import build_generator  # lazy: attacks do not import models at import time
+    from ..models.io import load_checkpoint
+
+    payload = load_checkpoint(path)
+    if "generator_config" not in payload or "gap" not in payload:
+        raise ValueError(f"{path} is not a GAP checkpoint (no 'generator_config' entry); write one with GAPTrainer")
+    gen = build_generator(**dict(payload["generator_config"]))
+    gen.load_state_dict(payload["best_state"] if payload.get("best_state") else payload["state_dict"])
+    settings = dict(payload["gap"])
+    settings["noise"] = payload.get("noise")
+    _CHECKPOINT_SETTINGS[gen] = settings
+    return gen, payload
+
+
+def _build_generator(spec: str | Mapping[str, Any]) -> nn.Module:
+    """``generator`` given by name: ``"unet"``, ``{"name": "resnet", "ngf": 8, ...}`` or ``{"checkpoint": path}``."""
+    from ..models.generators import build_generator
+
+    if isinstance(spec, Mapping) and "checkpoint" in spec:
+        extra = sorted(k for k in spec if k != "checkpoint")
+        if extra:
+            raise InvalidParameterError(f"`generator` of GAP: {{checkpoint: ...}} takes no other keys, got {extra}")
+        return load_generator(spec["checkpoint"])[0]
+    args = dict(spec) if isinstance(spec, Mapping) else {"name": spec}
+    name = args.pop("name", args.pop("kind", "unet"))
+    kind = look_up_option(name, _ARCHITECTURES, argument="generator", owner="GAP")
+    try:
+        gen = build_generator(kind, **args)
+    except (TypeError, ValueError) as e:
+        raise InvalidParameterError(f"`generator` of GAP ({kind!r}): {e}") from None
+    _UNTRAINED.add(gen)
+    return gen
+
+
+class _Shape(Constraint):
+    """A sample shape ``(C, *spatial)``: at least two integers >= 1."""
+
+    def describe(self) -> str:
+        return "a sample shape (C, *spatial) of at least two integers >= 1"
+
+    def convert(self, value: Any) -> tuple[int, ...]:
+        if isinstance(value, str | bytes) or not hasattr(value, "__len__"):
+            raise TypeError
+        out = []
+        for v in value:
+            if isinstance(v, bool) or int(v) != v or int(v) < 1:
+                raise ValueError
+            out.append(int(v))
+        if len(out) < 2:
+            raise ValueError
+        return tuple(out)
+
+
+def _straight_through(v: Tensor, f: Callable[[Tensor], Tensor]) -> Tensor:
+    """``f(v)`` in the forward pass (bit-exact), the identity in the backward pass.
+
+    ``v + (f(v) - v).detach()`` is not exact in floating point (it left GAP's output up to one ulp outside
+    the box); ``f(v) + (v - v.detach())`` adds an exact zero to ``f(v)``.
+    """
+    return f(v).detach() + (v - v.detach())
 
 
 @register("gap")
@@ -50,71 +124,131 @@ class GAP(Attack):
             of the label down, floored at -20 per element so the objective stays bounded.
             Targeted: drive the prediction to the target (a class, a label vector or a label map).
         threat: a :class:`~medadv.threats.Linf` ball; ``eps`` is the budget in data units (the papers'
-            "L∞ = 7" on 0-255 images is ``eps = 7/255`` for data in [0, 1]); bounds are the data range.
-        generator: the generator network (see :mod:`medadv.models.generators`); train it with
-            :class:`GAPTrainer`. Its input has the data's channels; its output the perturbation's.
+            "L∞ = 7" on 0-255 images is ``eps = 7/255`` for data in [0, 1]); its box is the data range.
+        generator: the generator (see :mod:`medadv.models.generators`), one of
+
+            * an ``nn.Module``: used as given and trusted to be trained (its input has the data's
+              channels, its output the perturbation's);
+            * an architecture by name, ``"unet"`` (default) or ``"resnet"``, or a mapping
+              ``{"name": "unet", "in_channels": 3, "ngf": 32, ...}`` with the arguments of
+              :func:`~medadv.models.generators.build_generator`: a *fresh* network, which the attack
+              refuses to use until :class:`~medadv.training.GAPTrainer` has fitted it;
+            * ``{"checkpoint": "gap.pt"}``: the best generator of a GAPTrainer checkpoint. The settings it
+              was trained with (``universal``, ``input_shape``, ``per_channel``, ``output_scale`` and the
+              universal noise) are taken from the checkpoint where left at their defaults; a different
+              explicit value is an error.
         universal: one perturbation for every input (``G(z)`` for a fixed noise ``z``) instead of an
             image-dependent ``G(x)``; needs ``input_shape``.
         input_shape: ``(C, *spatial)`` of the data, required when ``universal`` (the noise's shape).
         per_channel: rescale each channel of each sample to the budget separately (reference codes);
             False rescales each sample as a whole.
-        output_scale: data units of one unit of the generator's tanh output, before the rescaling to the
-            budget; default ``100 * (hi - lo)`` (100 when unbounded). The rescaling never amplifies, and a
-            freshly initialised generator outputs about 0.01, so a unit gain would leave it far inside
-            the ball; the reference codes avoid this by mean/std-normalising the raw output like an
-            image, which puts it far outside the ball from the start. A large gain does the same
-            without the quirk's constant offset: the budget is used in full and G learns the direction.
+        loss: the training objective (see ``task`` above): ``"least_likely"`` or ``"neg_true_logprob"``.
+        output_scale: gain of the generator's tanh output before the rescaling to the budget, **relative
+            to the box's data range**: one unit of G's output is ``output_scale * (hi - lo)`` data units
+            (per channel for per-channel boxes; plain data units for an unbounded box). Default 100. The
+            rescaling never amplifies, and a freshly initialised generator outputs about 0.01, so a unit
+            gain would leave it far inside the ball; the reference codes avoid this by mean/std-normalising
+            the raw output like an image, which puts it far outside the ball from the start. A large gain
+            does the same without the quirk's constant offset: the budget is used in full and G learns the
+            direction.
         targeted: see :class:`~medadv.attacks.base.Attack`.
         seed: seed of the universal noise ``z``.
     """
 
-    def __init__(self, task: Task, threat: Threat, generator: nn.Module, *, universal: bool = False,
-                 input_shape: tuple[int, ...] | None = None, per_channel: bool = True,
-                 loss: str = "least_likely", output_scale: float | None = None, targeted: bool = False,
+    params: ClassVar[dict[str, Any]] = {
+        "generator": Component(
+            nn.Module, _build_generator,
+            "a generator nn.Module, an architecture name ('unet', 'resnet'), a mapping {name: 'unet', ...its "
+            "arguments} or {checkpoint: 'gap.pt'}"),
+        "universal": Bool(),
+        "input_shape": Optional(_Shape()),
+        "per_channel": Bool(),
+        "loss": Options("least_likely", "neg_true_logprob"),
+        "output_scale": Real(low=0, low_open=True),
+    }
+    norms: ClassVar[tuple[str, ...]] = ("Linf",)
+
+    generator: nn.Module
+    universal: bool
+    input_shape: tuple[int, ...] | None
+    per_channel: bool
+    loss: str
+    output_scale: float
+
+    def __init__(self, task: Task, threat: Threat, generator: nn.Module | str | Mapping[str, Any] = "unet", *,
+                 universal: bool = False, input_shape: tuple[int, ...] | None = None, per_channel: bool = True,
+                 loss: str = "least_likely", output_scale: float = 100.0, targeted: bool = False,
                  seed: int | None = 0) -> None:
-        if not isinstance(threat, Linf):
-            raise TypeError(f"`threat` must be a medadv Linf ball for GAP (budget by L∞ rescaling), got {threat!r}")
         super().__init__(task, threat, targeted=targeted, seed=seed)
-        if not isinstance(generator, nn.Module):
-            raise TypeError(f"`generator` must be a torch.nn.Module, got {type(generator).__name__}")
-        if loss not in _LOSSES:
-            raise ValueError(f"`loss` must be one of {_LOSSES}, got {loss!r}")
-        self.generator = generator
-        self.universal = bool(universal)
-        self.per_channel = bool(per_channel)
-        self.loss_name = loss
+        self._init_params(locals())
+        settings = _CHECKPOINT_SETTINGS.get(self.generator)
+        if settings is not None:
+            self._adopt(settings)
         self.noise: Tensor | None = None
-        if output_scale is not None and not float(output_scale) > 0:
-            raise ValueError(f"`output_scale` must be > 0, got {output_scale}")
-        self.output_scale = output_scale
         if self.universal:
-            if input_shape is None or len(input_shape) < 2:
-                raise ValueError(f"`input_shape` (C, *spatial) is required for a universal GAP, got {input_shape!r}")
-            self.input_shape = _as_tuple(input_shape)
-            gen = torch.Generator().manual_seed(0 if seed is None else int(seed))
-            # Poursaeed's universal input is a fixed uniform image; here uniform in [0, 1).
-            self.noise = torch.rand((1, *self.input_shape), generator=gen)
+            if self.input_shape is None:
+                raise InvalidParameterError("`input_shape` (C, *spatial) is required for a universal GAP")
+            if settings is not None and settings.get("noise") is not None:
+                self.noise = settings["noise"]
+            else:
+                gen = torch.Generator().manual_seed(0 if seed is None else int(seed))
+                # Poursaeed's universal input is a fixed uniform image; here uniform in [0, 1).
+                self.noise = torch.rand((1, *self.input_shape), generator=gen)
+
+    def _adopt(self, settings: Mapping[str, Any]) -> None:
+        """Take the checkpoint's training settings where the caller left the default; refuse conflicts."""
+        declared, defaults = self.declared_params(), self.param_defaults()
+        for key in _TRAINED_WITH:
+            if key not in settings:
+                continue
+            want = settings[key]
+            if key == "output_scale" and want is None:  # checkpoints of the absolute-units era
+                want = defaults[key]
+            want = declared[key].check(want, key, "GAP")
+            have = getattr(self, key)
+            if have == want:
+                continue
+            if have != defaults[key]:
+                raise InvalidParameterError(
+                    f"`{key}` of GAP is {have!r} but its generator's checkpoint was trained with {key}={want!r}; "
+                    f"leave `{key}` out or set it to {want!r}")
+            setattr(self, key, want)
+
+    # --- trained or not --------------------------------------------------------------------------------
+    @property
+    def trained(self) -> bool:
+        """False for a generator built fresh from its name and not fitted yet (the attack then refuses to run).
+
+        :class:`~medadv.training.GAPTrainer` sets it after a fit; set it yourself after loading weights into
+        a generator built by name (``attack.trained = True``).
+        """
+        return self.generator not in _UNTRAINED
+
+    @trained.setter
+    def trained(self, value: bool) -> None:
+        if value:
+            _UNTRAINED.discard(self.generator)
         else:
-            self.input_shape = None if input_shape is None else _as_tuple(input_shape)
+            _UNTRAINED.add(self.generator)
+
+    @property
+    def loss_name(self) -> str:
+        """The training objective (an older name of ``loss``)."""
+        return self.loss
 
     # --- construction from a checkpoint ----------------------------------------------------------------
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike, task: Task, threat: Threat, *, targeted: bool | None = None,
                         loss: str | None = None) -> GAP:
-        """Rebuild a trained GAP from a :class:`GAPTrainer` checkpoint (``threat`` may set a new budget)."""
-        payload = load_checkpoint(path)
-        if "generator_config" not in payload:
-            raise ValueError(f"{path} is not a GAP checkpoint (no 'generator_config' entry)")
-        cfg = dict(payload["generator_config"])
-        gen = build_generator(**cfg)
-        gen.load_state_dict(payload["best_state"] if payload.get("best_state") else payload["state_dict"])
+        """Rebuild a trained GAP from a :class:`~medadv.training.GAPTrainer` checkpoint (``threat`` may set a
+        new budget). Same as ``GAP(task, threat, {"checkpoint": path})`` with the checkpoint's ``loss``,
+        ``targeted`` and ``seed`` (unless given)."""
+        gen, payload = load_generator(path)
         meta = payload["gap"]
-        atk = cls(task, threat, gen, universal=meta["universal"], input_shape=meta["input_shape"],
-                  per_channel=meta["per_channel"], loss=loss or meta["loss"], output_scale=meta["output_scale"],
-                  targeted=meta["targeted"] if targeted is None else targeted, seed=meta["seed"])
-        if atk.universal:
-            atk.noise = payload["noise"]
-        return atk
+        return cls(task, threat, gen, universal=meta["universal"], input_shape=meta["input_shape"],
+                   per_channel=meta["per_channel"], loss=loss or meta["loss"],
+                   output_scale=meta["output_scale"] if meta.get("output_scale") is not None else 100.0,
+                   targeted=meta["targeted"] if targeted is None else targeted, seed=meta["seed"])
 
     # --- the perturbation -----------------------------------------------------------------------------
     def raw(self, x: Tensor) -> Tensor:
@@ -123,67 +257,76 @@ class GAP(Attack):
             if tuple(x.shape[1:]) != self.input_shape:
                 raise ValueError(f"`x` must have sample shape {self.input_shape} for this universal GAP, "
                                  f"got {tuple(x.shape[1:])}")
+            assert self.noise is not None
             u = self.generator(self.noise.to(device=x.device, dtype=x.dtype))
         else:
+            want = getattr(self.generator, "config", {}).get("in_channels")
+            if want is not None and want != x.shape[1]:
+                raise ValueError(f"the generator takes {want} input channels but `x` has {x.shape[1]}; build it "
+                                 f"with in_channels={x.shape[1]} (e.g. generator={{'name': 'unet', "
+                                 f"'in_channels': {x.shape[1]}}})")
             u = self.generator(x)
         return u * self._output_scale(x)
 
     def _output_scale(self, x: Tensor) -> Tensor | float:
-        if self.output_scale is not None:
-            return float(self.output_scale)
-        if self.threat.bounds is None:
-            return 100.0
-        lo, hi = self.threat.bounds
-        return 100.0 * (torch.as_tensor(hi, device=x.device, dtype=x.dtype)
-                        - torch.as_tensor(lo, device=x.device, dtype=x.dtype))
+        if not self.box.bounded:
+            return self.output_scale
+        lo, hi = self.box.lohi(x)
+        return self.output_scale * (hi - lo)
 
     def scale(self, u: Tensor) -> Tensor:
         """Rescale to the budget: ``u * min(1, eps / ||u||_inf)`` per sample (and channel).
 
         The factor is detached (straight-through, as in both reference codes): the generator learns
-        the direction, the budget fixes the size.
+        the direction, the budget fixes the size. The result is exactly within ``[-eps, eps]``.
         """
+        assert self.threat is not None
+        eps = self.threat.eps
         dims = tuple(range(2 if self.per_channel else 1, u.ndim))
         peak = u.detach().abs().amax(dim=dims, keepdim=True) if dims else u.detach().abs()
-        factor = torch.clamp(self.threat.eps / peak.clamp_min(1e-12), max=1.0)
-        return u * factor
+        factor = torch.clamp(eps / peak.clamp_min(1e-12), max=1.0)
+        return _straight_through(u * factor, lambda d: d.clamp(-eps, eps))
 
     def apply(self, x: Tensor) -> Tensor:
         """``x_adv = clip(x + scale(G(.)))``, differentiable w.r.t. the generator's parameters.
 
-        The bound clip passes gradients straight through (reference behaviour), so the generator still
-        learns where the clip is active.
+        The box clip passes gradients straight through (reference behaviour), so the generator still
+        learns where the clip is active; its forward value is exactly inside the box.
         """
         delta = self.scale(self.raw(x))
         if delta.shape[1] != x.shape[1]:
             raise ValueError(f"the generator outputs {delta.shape[1]} channels but `x` has {x.shape[1]}")
-        x_adv = x + delta
-        return x_adv + (self.threat.clip(x_adv) - x_adv).detach()
+        return _straight_through(x + delta, self.box.clip)
 
     # --- the training objective ------------------------------------------------------------------------
     def attack_target(self, clean_logits: Tensor, y: Tensor) -> Tensor:
         """The labels the generator is trained towards: the target, or the least-likely / flipped clean prediction."""
-        if self.targeted or self.loss_name == "neg_true_logprob":
+        if self.targeted or self.loss == "neg_true_logprob":
             return y
         return self.task.least_likely(clean_logits)
 
     def objective(self, adv_logits: Tensor, target: Tensor) -> Tensor:
         """Scalar the generator minimises (mean over the batch)."""
-        if self.targeted or self.loss_name == "least_likely":
+        if self.targeted or self.loss == "least_likely":
             return self.task.loss(adv_logits, target).mean()
         # Eq. (4): minimise log p(label) = -CE, floored at -20 per element to stay bounded.
         element = self.task.element_loss(adv_logits, target).clamp(max=20.0)
         return -self.task.reduce(element, target).mean()
 
     # --- Attack interface ------------------------------------------------------------------------------
-    def _check_device(self, x: Tensor) -> None:
+    def _check_call(self, model: Any, x: Any, y: Any) -> None:
+        super()._check_call(model, x, y)
+        if not self.trained:
+            raise RuntimeError(
+                "this GAP's generator was built fresh from its name and is untrained: fit it first with "
+                "medadv.GAPTrainer(attack, model).fit(x), or give a trained one (generator={'checkpoint': "
+                "'gap.pt'}, GAP.from_checkpoint(...), or the trained nn.Module)")
+
+    def perturb(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor | None, **call_args: Any) -> Tensor:
         dev = model_device(self.generator, x.device)
         if dev != x.device:
             raise ValueError(f"the generator is on {dev} but the model/input on {x.device}; move it with "
                              f"`attack.generator.to(device)`")
-
-    def perturb(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor) -> Tensor:
-        self._check_device(x)
         training = self.generator.training
         self.generator.eval()  # Xu et al.'s code leaves G in train mode at test time; we do not (A14)
         try:
@@ -192,174 +335,18 @@ class GAP(Attack):
         finally:
             self.generator.train(training)
 
+    def __repr__(self) -> str:
+        g = self.generator
+        cfg = getattr(g, "config", None)
+        short = f"{type(g).__name__}({', '.join(f'{k}={v!r}' for k, v in cfg.items())})" if cfg else type(g).__name__
+        text = super().__repr__()
+        return text.replace(repr(g), short) if repr(g) in text else text
 
-class GAPTrainer:
-    """Fit a :class:`GAP` generator against a frozen model (Adam, epochs, checkpoints, resume).
 
-    The attacked model is in eval mode with frozen parameters for the whole fit (restored afterwards);
-    only the generator learns. After every epoch the generator is scored on ``x_val`` (or the training
-    data) and the one with the highest fooling rate is kept (Xu et al. keep the lowest attacked
-    accuracy; select on a validation split to avoid test leakage). A checkpoint is written after every
-    epoch; a trainer pointed at an existing checkpoint resumes from it and ends with exactly the
-    generator an uninterrupted run would have produced.
+def __getattr__(name: str) -> Any:
+    # GAPTrainer lives in medadv.training (it trains; attacks do not import training at import time)
+    if name == "GAPTrainer":
+        from ..training.gap import GAPTrainer
 
-    Args:
-        attack: the :class:`GAP` whose generator is trained in place.
-        model: the model to fool (frozen).
-        epochs: passes over the training data.
-        batch_size: training batch size.
-        lr: Adam learning rate (2e-4 in both reference codes).
-        betas: Adam betas ((0.5, 0.999) Poursaeed; Xu et al. use (0.9, 0.999)).
-        max_batches: cap on batches per epoch (``MaxIter`` of the references), or None.
-        seed: seed of the data order.
-        checkpoint: file to write after every epoch and to resume from, or None.
-        progress: show a tqdm progress bar (one host sync per epoch for the displayed loss).
-        target: for a targeted GAP, one target broadcast to every sample: a class index, a label vector
-            ``(L,)`` or a label map ``(*spatial)``. Or ``None`` to take per-sample targets from ``y``.
-    """
-
-    def __init__(self, attack: GAP, model: nn.Module, *, epochs: int = 10, batch_size: int = 16, lr: float = 2e-4,
-                 betas: tuple[float, float] = (0.5, 0.999), max_batches: int | None = None, seed: int = 0,
-                 checkpoint: str | os.PathLike | None = None, progress: bool = False,
-                 target: Tensor | int | None = None) -> None:
-        if not isinstance(attack, GAP):
-            raise TypeError(f"`attack` must be a GAP attack, got {type(attack).__name__}")
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}")
-        for name, v in (("epochs", epochs), ("batch_size", batch_size)):
-            if int(v) < 1:
-                raise ValueError(f"`{name}` must be >= 1, got {v}")
-        if max_batches is not None and int(max_batches) < 1:
-            raise ValueError(f"`max_batches` must be >= 1 or None, got {max_batches}")
-        if not float(lr) > 0:
-            raise ValueError(f"`lr` must be > 0, got {lr}")
-        if target is not None and not attack.targeted:
-            raise ValueError("`target` was given but the GAP attack is untargeted; build it with targeted=True")
-        self.attack, self.model = attack, model
-        self.epochs, self.batch_size = int(epochs), int(batch_size)
-        self.max_batches = None if max_batches is None else int(max_batches)
-        self.seed = int(seed)
-        self.checkpoint = None if checkpoint is None else Path(checkpoint)
-        self.progress = bool(progress)
-        self.target = target
-        self.optimizer = torch.optim.Adam(attack.generator.parameters(), lr=float(lr), betas=tuple(betas))
-        self.history: list[dict[str, float]] = []
-
-    # --- helpers --------------------------------------------------------------------------------------
-    def _targets(self, y: Tensor | None, logits: Tensor) -> Tensor:
-        """Training labels of a batch: the target (targeted) or what the untargeted objective needs."""
-        atk, task = self.attack, self.attack.task
-        if atk.targeted:
-            if self.target is not None:
-                t = torch.as_tensor(self.target, device=logits.device)
-                t = t.unsqueeze(0).expand(logits.shape[0], *t.shape)
-            elif y is None:
-                raise ValueError("a targeted GAP needs `target=` or per-sample targets in `y`")
-            else:
-                t = y.to(logits.device)
-            task.validate(logits, t, "target")
-            return task.to_target(t, logits)
-        if y is None or atk.loss_name == "least_likely":
-            ref = task.predict(logits)
-        else:
-            ref = y.to(logits.device)
-            task.validate(logits, ref, "y")
-        return atk.attack_target(logits, task.to_target(ref, logits))
-
-    def _fooling_rate(self, x: Tensor, y: Tensor | None) -> float:
-        """Untargeted: fraction of predictions changed (Xu et al.'s FR); targeted: fraction at the target."""
-        atk, device = self.attack, model_device(self.model)
-        fooled = torch.zeros((), device=device)
-        for i in range(0, x.shape[0], 256):
-            xb = x[i:i + 256].to(device)
-            with torch.no_grad():
-                clean = self.model(xb)
-                if atk.targeted:
-                    yb = self._targets(None if y is None else y[i:i + 256], clean)
-                else:
-                    yb = atk.task.predict(clean)
-                fooled = fooled + atk.task.fooled(self.model(atk.apply(xb)), yb, atk.targeted).sum()
-        return float(fooled) / x.shape[0]
-
-    def _save(self, epoch: int, gen_state: Tensor, best_state: dict | None, best_fr: float) -> None:
-        atk = self.attack
-        cfg = getattr(atk.generator, "config", None)
-        save_checkpoint(self.checkpoint, atk.generator, optimizer=self.optimizer.state_dict(), epoch=epoch,
-                        rng_state=gen_state, best_state=best_state, best_fooling_rate=best_fr,
-                        history=self.history, generator_config=cfg, noise=atk.noise,
-                        gap=dict(universal=atk.universal, input_shape=atk.input_shape, per_channel=atk.per_channel,
-                                 loss=atk.loss_name, output_scale=atk.output_scale, targeted=atk.targeted, seed=atk.seed, eps=atk.threat.eps))
-
-    # --- the fit --------------------------------------------------------------------------------------
-    def fit(self, x: Tensor, y: Tensor | None = None, x_val: Tensor | None = None,
-            y_val: Tensor | None = None, callback: Callable[[int, dict[str, float]], None] | None = None) -> GAP:
-        """Train the generator on ``x`` (labels ``y`` optional: the clean prediction is used); return the attack.
-
-        ``y`` holds the true labels (used by ``loss="neg_true_logprob"``) or, for a targeted GAP without
-        ``target=``, per-sample targets (``y_val`` likewise for the validation split). The selection score
-        is the fooling rate: untargeted, the fraction of predictions that change (Xu et al.'s FR).
-        ``callback(epoch, record)`` runs after every epoch. The best generator is loaded at the end.
-        """
-        atk, model = self.attack, self.model
-        check_input(x, atk.threat, "x")
-        if x_val is not None:
-            check_input(x_val, atk.threat, "x_val")
-        if y is not None and (not isinstance(y, Tensor) or y.shape[0] != x.shape[0]):
-            raise ValueError("`y` must be a tensor with one entry per sample of `x`")
-        device = model_device(model, x.device)
-        atk.generator.to(device)
-        gen = torch.Generator().manual_seed(self.seed)
-        start, best_state, best_fr = 0, None, -1.0
-        if self.checkpoint is not None and self.checkpoint.is_file():
-            payload = load_checkpoint(self.checkpoint, atk.generator)
-            self.optimizer.load_state_dict(payload["optimizer"])
-            gen.set_state(payload["rng_state"])
-            start, best_state, best_fr = int(payload["epoch"]), payload["best_state"], float(payload["best_fooling_rate"])
-            self.history = list(payload["history"])
-            if atk.universal and payload.get("noise") is not None:
-                atk.noise = payload["noise"]
-        epochs = range(start, self.epochs)
-        bar = None
-        if self.progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(epochs, desc="GAP", unit="epoch", initial=start, total=self.epochs)
-            epochs = bar
-        with attack_mode(model):
-            for epoch in epochs:
-                atk.generator.train()
-                perm = torch.randperm(x.shape[0], generator=gen)
-                total = torch.zeros((), device=device)
-                n_batches = 0
-                for b, i in enumerate(range(0, x.shape[0], self.batch_size)):
-                    if self.max_batches is not None and b >= self.max_batches:
-                        break
-                    idx = perm[i:i + self.batch_size]
-                    xb = x[idx].to(device)
-                    with torch.no_grad():
-                        clean = model(xb)
-                    tb = self._targets(None if y is None else y[idx], clean)
-                    loss = atk.objective(model(atk.apply(xb)), tb)
-                    self.optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    self.optimizer.step()
-                    total = total + loss.detach()
-                    n_batches += 1
-                atk.generator.eval()
-                xv, yv = (x, y) if x_val is None else (x_val, y_val)
-                fr = self._fooling_rate(xv, yv)
-                record = {"epoch": epoch + 1, "loss": float(total) / max(n_batches, 1), "fooling_rate": fr}
-                self.history.append(record)
-                if fr > best_fr:
-                    best_fr = fr
-                    best_state = {k: v.detach().cpu().clone() for k, v in atk.generator.state_dict().items()}
-                if self.checkpoint is not None:
-                    self._save(epoch + 1, gen.get_state(), best_state, best_fr)
-                if bar is not None:
-                    bar.set_postfix(loss=f"{record['loss']:.4f}", fooling=f"{fr:.3f}")
-                if callback is not None:
-                    callback(epoch + 1, record)
-        if best_state is not None:
-            atk.generator.load_state_dict(best_state)
-        atk.generator.eval()
-        return atk
+        return GAPTrainer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -10,12 +12,39 @@ from torch import Tensor
 
 from ..explain import Explanation
 from ..metrics.saliency import center_of_mass
+from ..params import Constraint, Int, Optional, Options, Real, renamed
 from ..tasks import Task
 from ..threats import Threat
 from .base import register
-from .saliency import REFERENCE_PIXELS, SaliencyAttack, square_target
+from .engine import EngineOutput, StepContext
+from .saliency import REFERENCE_PIXELS, SaliencyAttack, SaliencyDetails, square_target
 
-__all__ = ["SaliencyRelevance"]
+__all__ = ["SaliencyRelevance", "RelevanceDetails"]
+
+
+class _MapTensor(Constraint):
+    """A target map: a finite, non-negative floating-point tensor that is not all zero."""
+
+    def describe(self) -> str:
+        return "a finite, non-negative floating-point tensor, not all zero"
+
+    def convert(self, value: Any) -> Tensor:
+        if not isinstance(value, Tensor) or not value.is_floating_point():
+            raise TypeError
+        if (value < 0).any() or not torch.isfinite(value).all() or value.sum() <= 0:
+            raise ValueError
+        return value
+
+
+@dataclass
+class RelevanceDetails(SaliencyDetails):
+    """:class:`~medadv.attacks.saliency.SaliencyDetails` plus ``prob_change`` (column: max |p(x') − p(x)|
+    over the outputs) and ``target_map`` (``goal="target"``: the normalised target, ``(N, *spatial)``)."""
+
+    columns: ClassVar[tuple[str, ...]] = SaliencyDetails.columns + ("prob_change",)
+
+    prob_change: Tensor
+    target_map: Tensor | None = None
 
 
 @register("saliency_relevance")
@@ -34,69 +63,70 @@ class SaliencyRelevance(SaliencyAttack):
     An iterate is admissible only if the original model's prediction is unchanged (``keep_fraction`` of
     the task's elements: labels, voxels) and, optionally, no probability moved by more than
     ``max_prob_change``. The admissible iterate with the best ``goal`` value on the original model's map
-    is returned (Ghorbani et al. reject prediction-changing steps the same way).
+    is returned (Ghorbani et al. reject prediction-changing steps the same way). Results:
+    :class:`RelevanceDetails` (``AttackResult.details``).
 
-    Defaults follow spec 002 §1.4 (Zhang et al.'s configuration): Adam, lr 2e-4, 200 steps, β growing
-    10 → 100, prefactors (1e14, 1e4) at 512² — γ_s is rescaled by (P/512²)² for maps of P pixels so the
-    balance of the two terms does not depend on the image size. The paper's budget is L∞ ε = 0.06 on
-    [0, 1] images: pass ``Linf(0.06, bounds=(0, 1))``.
+    Defaults follow spec 002 §1.4 (Zhang et al.'s configuration): the gradient map, Adam with step size
+    2e-4 × the data range (2e-4 on [0, 1] data), 200 steps, softplus β growing 10 → 100, prefactors
+    (1e14, 1e4) at 512² — γ_s is rescaled by (P/512²)² for maps of P pixels so the balance of the two
+    terms does not depend on the image size. The paper's budget is L∞ ε = 0.06 on [0, 1] images: pass
+    ``Linf(0.06, bounds=(0, 1))``.
 
     Args:
-        task, threat, explanation, label, steps, lr, optimizer, beta, check_every, record_trace, seed:
-            see :class:`~medadv.attacks.saliency.SaliencyAttack`.
+        task, threat, explanation, label, steps, step_size, optimizer, softplus_beta, check_every,
+            record_trace, seed: see :class:`~medadv.attacks.saliency.SaliencyAttack`.
         goal: ``"target"``, ``"topk"`` or ``"center"``.
         target_map: for ``goal="target"``: ``(*spatial)`` or ``(N, *spatial)`` non-negative map (normalised to
-            sum 1 here); default the square target (2-D only).
+            sum 1 here); default the square target (on every slice of a 3-D map).
         k: for ``goal="topk"``: number of top pixels (default 2% of the map, Ghorbani et al.'s 1000 of 227²).
         prefactors: ``(γ_s, γ_p)``; default see above (``"topk"``/``"center"``: (1e3, 1e4), our choice).
-        keep_fraction: fraction of prediction elements that must stay unchanged (1.0: all labels/voxels).
-        max_prob_change: optional bound on max |p(x') − p(x)| over outputs for an admissible iterate.
+        keep_fraction: fraction in (0, 1] of prediction elements that must stay unchanged (1: all
+            labels/voxels).
+        max_prob_change: optional bound (probability units) on max |p(x') − p(x)| over outputs for an
+            admissible iterate.
     """
 
+    params: ClassVar[dict[str, Any]] = {
+        "goal": Options("target", "topk", "center"),
+        "target_map": Optional(_MapTensor()),
+        "k": Optional(Int(low=1)),
+        "keep_fraction": Real(low=0, high=1, low_open=True),
+        "max_prob_change": Optional(Real(low=0, low_open=True)),
+    }
     default_steps = 200
 
+    goal: str
+    target_map: Tensor | None
+    k: int | None
+    keep_fraction: float
+    max_prob_change: float | None
+
+    @renamed(lr="step_size", beta="softplus_beta")
     def __init__(
         self,
         task: Task,
         threat: Threat,
-        explanation: Explanation,
+        explanation: Explanation | str | dict[str, Any] = "gradient",
         *,
         goal: str = "target",
         target_map: Tensor | None = None,
         k: int | None = None,
-        label: int | Tensor | None = None,
+        label: int | Tensor | Sequence[int] | None = None,
         steps: int | None = None,
-        lr: float = 2e-4,
+        step_size: float | None = None,
         optimizer: str = "adam",
         prefactors: tuple[float, float] | None = None,
-        beta: float | tuple[float, float] | None = (10.0, 100.0),
+        softplus_beta: float | tuple[float, float] | None = (10.0, 100.0),
         keep_fraction: float = 1.0,
         max_prob_change: float | None = None,
         check_every: int = 1,
         record_trace: bool = False,
         seed: int | None = 0,
     ) -> None:
-        super().__init__(task, threat, explanation, label=label, steps=steps, lr=lr, optimizer=optimizer,
-                         prefactors=prefactors, beta=beta, check_every=check_every, record_trace=record_trace,
-                         seed=seed)
-        if goal not in ("target", "topk", "center"):
-            raise ValueError(f"`goal` must be 'target', 'topk' or 'center', got {goal!r}")
-        self.goal = goal
-        if target_map is not None:
-            if not isinstance(target_map, Tensor) or not target_map.is_floating_point():
-                raise TypeError("`target_map` must be a floating-point torch.Tensor")
-            if (target_map < 0).any() or not torch.isfinite(target_map).all() or target_map.sum() <= 0:
-                raise ValueError("`target_map` must be finite, non-negative and not all zero")
-        self.target_map = target_map
-        if k is not None and int(k) < 1:
-            raise ValueError(f"`k` must be >= 1, got {k}")
-        self.k = k
-        if not 0.0 < float(keep_fraction) <= 1.0:
-            raise ValueError(f"`keep_fraction` must be in (0, 1], got {keep_fraction}")
-        self.keep_fraction = float(keep_fraction)
-        if max_prob_change is not None and not float(max_prob_change) > 0:
-            raise ValueError(f"`max_prob_change` must be > 0 or None, got {max_prob_change}")
-        self.max_prob_change = None if max_prob_change is None else float(max_prob_change)
+        super().__init__(task, threat, explanation, label=label, steps=steps, step_size=step_size,
+                         optimizer=optimizer, prefactors=prefactors, softplus_beta=softplus_beta,
+                         check_every=check_every, record_trace=record_trace, seed=seed)
+        self._init_params(locals())
 
     def _default_prefactors(self, pixels: int) -> tuple[float, float]:
         if self.goal == "target":
@@ -106,9 +136,10 @@ class SaliencyRelevance(SaliencyAttack):
     def _target(self, map0: Tensor) -> Tensor:
         spatial = tuple(map0.shape[1:])
         if self.target_map is None:
-            if len(spatial) != 2:
-                raise ValueError("`target_map` is required for goal='target' on non-2-D maps")
-            t = square_target(spatial)  # type: ignore[arg-type]
+            if len(spatial) < 2:
+                raise ValueError("`target_map` is required for goal='target' on 1-D maps")
+            # the square on the last two (in-plane) dims, on every slice of a volume
+            t = square_target((spatial[-2], spatial[-1])).expand(spatial)
         else:
             t = self.target_map
         t = t.to(device=map0.device, dtype=map0.dtype)
@@ -117,43 +148,43 @@ class SaliencyRelevance(SaliencyAttack):
         t = t.expand_as(map0)
         return t / t.flatten(1).sum(1).reshape(-1, *([1] * len(spatial)))
 
-    def _setup(self, x: Tensor, y: Tensor, logits: Tensor, label: Tensor, map0: Tensor) -> dict[str, Any]:
-        state: dict[str, Any] = {"pred0": self.task.predict(logits), "probs0": self._probs(logits), "map0": map0}
+    def _setup(self, ctx: StepContext, label: Tensor, map0: Tensor) -> None:
+        assert ctx.clean_logits is not None
+        ctx.state["pred0"] = self.task.predict(ctx.clean_logits)
+        ctx.state["probs0"] = self._probs(ctx.clean_logits)
         if self.goal == "target":
-            state["target"] = self._target(map0)
+            ctx.state["target"] = self._target(map0)
         elif self.goal == "topk":
             n = map0[0].numel()
             k = max(1, round(0.02 * n)) if self.k is None else self.k
             if k > n:
                 raise ValueError(f"`k` = {k} exceeds the map size {n}")
             idx = map0.flatten(1).topk(k, dim=1).indices
-            state["topk"] = torch.zeros_like(map0.flatten(1)).scatter_(1, idx, 1.0)
+            ctx.state["topk"] = torch.zeros_like(map0.flatten(1)).scatter_(1, idx, 1.0)
         else:
-            state["com0"] = center_of_mass(map0)
-            state["diag"] = float(sum(s * s for s in map0.shape[1:])) ** 0.5
-        return state
+            ctx.state["com0"] = center_of_mass(map0)
+            ctx.shared["diag"] = float(sum(s * s for s in map0.shape[1:])) ** 0.5
 
-    def _criterion(self, state: dict[str, Any], m: Tensor) -> Tensor:
+    def _criterion(self, ctx: StepContext, m: Tensor) -> Tensor:
         if self.goal == "target":
-            return (m - state["target"]).pow(2).flatten(1).mean(1)
+            return (m - ctx.state["target"]).pow(2).flatten(1).mean(1)
         if self.goal == "topk":
-            return (m.flatten(1) * state["topk"]).sum(1)
-        return -(center_of_mass(m) - state["com0"]).norm(dim=1) / state["diag"]
+            return (m.flatten(1) * ctx.state["topk"]).sum(1)
+        return -(center_of_mass(m) - ctx.state["com0"]).norm(dim=1) / ctx.shared["diag"]
 
-    def _losses(self, state: dict[str, Any], m: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
-        l_pred = F.mse_loss(self._probs(logits), state["probs0"], reduction="none").flatten(1).mean(1)
-        return self._criterion(state, m), l_pred
+    def _losses(self, ctx: StepContext, m: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
+        l_pred = F.mse_loss(self._probs(logits), ctx.state["probs0"], reduction="none").flatten(1).mean(1)
+        return self._criterion(ctx, m), l_pred
 
-    def _check(self, state: dict[str, Any], m: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
-        same = (self.task.predict(logits) == state["pred0"]).to(m.dtype)
-        ok = same.reshape(same.shape[0], -1).mean(1) >= self.keep_fraction  # (N,) for MultiClass too
+    def _check(self, ctx: StepContext, m: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
+        same = (self.task.predict(logits) == ctx.state["pred0"]).to(m.dtype)
+        ok = same.reshape(same.shape[0], -1).mean(1) >= self.keep_fraction  # (n,) for MultiClass too
         if self.max_prob_change is not None:
-            change = (self._probs(logits) - state["probs0"]).abs().flatten(1).amax(1)
+            change = (self._probs(logits) - ctx.state["probs0"]).abs().flatten(1).amax(1)
             ok = ok & (change <= self.max_prob_change)
-        return ok, self._criterion(state, m)
+        return ok, self._criterion(ctx, m)
 
-    def _extras(self, state: dict[str, Any], map_adv: Tensor, logits_adv: Tensor) -> dict[str, Any]:
-        out: dict[str, Any] = {"prob_change": (self._probs(logits_adv) - state["probs0"]).abs().flatten(1).amax(1)}
-        if self.goal == "target":
-            out["target_map"] = state["target"]
-        return out
+    def _details(self, out: EngineOutput, common: dict[str, Any], logits_adv: Tensor) -> RelevanceDetails:
+        state = out.ctx.state
+        change = (self._probs(logits_adv) - state["probs0"]).abs().flatten(1).amax(1)
+        return RelevanceDetails(**common, prob_change=change, target_map=state.get("target"))

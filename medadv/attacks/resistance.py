@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..tasks import MultiClass, MultiLabel
 from .base import register
-from .saliency import REFERENCE_PIXELS, SaliencyAttack
+from .engine import EngineOutput, StepContext
+from .saliency import REFERENCE_PIXELS, SaliencyAttack, SaliencyDetails
 
-__all__ = ["SaliencyResistance", "RESISTANCE_STEPS"]
+__all__ = ["SaliencyResistance", "ResistanceDetails", "RESISTANCE_STEPS"]
 
 #: Zhang et al.'s iteration counts per attacked method (notebook: "VBP:8 | VBP*I: 8 | IG: 20 | SG: 50 | GCAM:60")
 RESISTANCE_STEPS = {"gradient": 8, "gradient_x_input": 8, "integrated_gradients": 20, "smoothgrad": 50, "gradcam": 60}
+
+
+@dataclass
+class ResistanceDetails(SaliencyDetails):
+    """:class:`~medadv.attacks.saliency.SaliencyDetails` plus the column ``flipped`` (the attacked
+    prediction changed on the returned input; equals ``admissible``)."""
+
+    columns: ClassVar[tuple[str, ...]] = SaliencyDetails.columns + ("flipped",)
+
+    flipped: Tensor
 
 
 @register("saliency_resistance")
@@ -32,17 +44,20 @@ class SaliencyResistance(SaliencyAttack):
       task's ``fooled`` test holds.
 
     Among flipped iterates the one whose map (on the original model) is closest to the clean map in MSE
-    is returned; samples never flipped get the last iterate (``extras["admissible"]`` is False).
+    is returned; samples never flipped get the last iterate (``details.admissible`` is False). Results:
+    :class:`ResistanceDetails`.
 
-    Defaults follow Zhang et al.'s configuration: Adam, lr 2e-4, steps per method (:data:`RESISTANCE_STEPS`;
-    50 for other methods), prefactors (8e4, 10) at 512² (γ_s rescaled by (P/512²)²), and no softplus
-    surrogate (``beta=None``): on ReLU networks the map term then has no gradient for gradient, IG and
-    SmoothGrad maps and the map is kept only by the small step count. Pass ``beta`` for the principled
-    variant. The paper's budget is L∞ ε = 0.03 on [0, 1] images.
+    Defaults follow Zhang et al.'s configuration: the gradient map, Adam with step size 2e-4 × the data
+    range, steps per method (:data:`RESISTANCE_STEPS`; 50 for other methods), prefactors (8e4, 10) at
+    512² (γ_s rescaled by (P/512²)²), and no softplus surrogate (``softplus_beta=None``): on ReLU networks
+    the map term then has no gradient for gradient, IG and SmoothGrad maps and the map is kept only by the
+    small step count. Pass ``softplus_beta`` for the principled variant. The paper's budget is L∞ ε = 0.03
+    on [0, 1] images.
 
     Args:
-        task, threat, explanation, label, steps, lr, optimizer, prefactors, beta, check_every,
-            record_trace, targeted, seed: see :class:`~medadv.attacks.saliency.SaliencyAttack`.
+        task, threat, explanation, label, steps, step_size, optimizer, prefactors, softplus_beta,
+            check_every, record_trace, seed: see :class:`~medadv.attacks.saliency.SaliencyAttack`.
+        targeted: drive the prediction to ``y`` (multi-class, segmentation; not multi-label).
     """
 
     def _check_settings(self) -> None:
@@ -55,36 +70,36 @@ class SaliencyResistance(SaliencyAttack):
     def _default_prefactors(self, pixels: int) -> tuple[float, float]:
         return 8e4 * (pixels / REFERENCE_PIXELS) ** 2, 10.0
 
-    def _setup(self, x: Tensor, y: Tensor, logits: Tensor, label: Tensor, map0: Tensor) -> dict[str, Any]:
-        state: dict[str, Any] = {"y": y, "label": label, "map0": map0}
+    def _setup(self, ctx: StepContext, label: Tensor, map0: Tensor) -> None:
+        y = ctx.y
         if isinstance(self.task, MultiLabel):
-            state["flip_to"] = 1.0 - y.gather(1, label[:, None])[:, 0]
+            ctx.state["flip_to"] = 1.0 - y.gather(1, label[:, None])[:, 0]
         elif isinstance(self.task, MultiClass) and not self.targeted:
-            masked = logits.scatter(1, y.long()[:, None], float("-inf"))
-            state["flip_to"] = masked.argmax(dim=1)
-        return state
+            assert ctx.clean_logits is not None
+            masked = ctx.clean_logits.scatter(1, y.long()[:, None], float("-inf"))
+            ctx.state["flip_to"] = masked.argmax(dim=1)
 
-    def _flip_loss(self, state: dict[str, Any], logits: Tensor) -> Tensor:
+    def _flip_loss(self, ctx: StepContext, logits: Tensor) -> Tensor:
         if isinstance(self.task, MultiLabel):
-            z = logits.gather(1, state["label"][:, None])[:, 0]
-            return F.binary_cross_entropy_with_logits(z, state["flip_to"].to(z.dtype), reduction="none")
+            z = logits.gather(1, ctx.state["label"][:, None])[:, 0]
+            return F.binary_cross_entropy_with_logits(z, ctx.state["flip_to"].to(z.dtype), reduction="none")
         if isinstance(self.task, MultiClass):
-            to = state["y"] if self.targeted else state["flip_to"]
+            to = ctx.y if self.targeted else ctx.state["flip_to"]
             return F.cross_entropy(logits, to.long(), reduction="none")
-        loss = self.task.loss(logits, state["y"])
+        loss = self.task.loss(logits, ctx.y)
         return loss if self.targeted else -loss
 
-    def _flipped(self, state: dict[str, Any], logits: Tensor) -> Tensor:
+    def _flipped(self, ctx: StepContext, logits: Tensor) -> Tensor:
         if isinstance(self.task, MultiLabel):
-            pred = self.task.predict(logits).gather(1, state["label"][:, None])[:, 0]
-            return pred == state["flip_to"].to(pred.dtype)
-        return self.task.fooled(logits, state["y"], self.targeted)
+            pred = self.task.predict(logits).gather(1, ctx.state["label"][:, None])[:, 0]
+            return pred == ctx.state["flip_to"].to(pred.dtype)
+        return self.task.fooled(logits, ctx.y, self.targeted)
 
-    def _losses(self, state: dict[str, Any], m: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
-        return (m - state["map0"]).pow(2).flatten(1).mean(1), self._flip_loss(state, logits)
+    def _losses(self, ctx: StepContext, m: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
+        return (m - ctx.state["map0"]).pow(2).flatten(1).mean(1), self._flip_loss(ctx, logits)
 
-    def _check(self, state: dict[str, Any], m: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
-        return self._flipped(state, logits), (m - state["map0"]).pow(2).flatten(1).mean(1)
+    def _check(self, ctx: StepContext, m: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
+        return self._flipped(ctx, logits), (m - ctx.state["map0"]).pow(2).flatten(1).mean(1)
 
-    def _extras(self, state: dict[str, Any], map_adv: Tensor, logits_adv: Tensor) -> dict[str, Any]:
-        return {"flipped": self._flipped(state, logits_adv)}
+    def _details(self, out: EngineOutput, common: dict[str, Any], logits_adv: Tensor) -> ResistanceDetails:
+        return ResistanceDetails(**common, flipped=self._flipped(out.ctx, logits_adv))

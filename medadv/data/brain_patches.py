@@ -23,6 +23,7 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -69,7 +70,7 @@ class BrainPatches:
 def _load(path: Path, affine: bool = False):
     import nibabel as nib
 
-    img = nib.load(str(path))
+    img: Any = nib.load(str(path))  # typed as the generic FileBasedImage; these are NIfTI/Analyze images
     return (np.asarray(img.dataobj), img.affine) if affine else np.asarray(img.dataobj)
 
 

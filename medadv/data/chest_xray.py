@@ -94,6 +94,9 @@ class ImageNetNormalize(nn.Module):
     A3 / anchors §1.6 disappears).
     """
 
+    mean: Tensor
+    std: Tensor
+
     def __init__(self, mean: tuple[float, ...] = IMAGENET_MEAN, std: tuple[float, ...] = IMAGENET_STD) -> None:
         super().__init__()
         if len(mean) != len(std) or any(s <= 0 for s in std):

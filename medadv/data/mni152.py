@@ -43,7 +43,9 @@ def _load(spacing_mm: int) -> tuple[np.ndarray, np.ndarray]:
     import nibabel as nib
 
     files = mni152_files()
-    vols = {k: np.asarray(nib.load(str(p)).get_fdata(), dtype=np.float32) / 255.0 for k, p in files.items()}
+    # nibabel types load() as the generic FileBasedImage; these files are NIfTI images
+    vols = {k: np.asarray(nib.load(str(p)).get_fdata(), dtype=np.float32) / 255.0  # type: ignore[attr-defined]
+            for k, p in files.items()}
     if spacing_mm > 1:
         # average-pool intensities and probabilities, then label the pooled maps: labels stay
         # consistent with the image at the coarser grid

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from ..params import Bool, Int, Optional, Real
 from ..tasks import Task
 from ..threats import Threat
-from .base import TrainingStrategy, check_inner_attack
+from .base import TrainingStrategy
 from .pgd_at import adversarial_examples
 from .trades import kl_elements
 
@@ -52,23 +53,31 @@ class MAAdvT(TrainingStrategy):
     masked) through :meth:`medadv.tasks.Task.distributions`.
 
     Args:
-        threat: the training threat model (Xu et al.: ε = 4/255 on [0, 1] data).
+        threat: the training threat model (Xu et al.: ε = 4/255 on [0, 1] data), ε and box in data units.
         steps: inner PGD iterations (4).
         step_size: inner step α in data units (1/255 in the paper's setting); None = ``2.5 * eps / steps``.
-        beta: weight β (the paper's λ) of the KL term; 6 (MART, Xu et al.'s melanoma code).
+        beta: MART's β (Xu et al.'s λ), the weight of the KL term; 6 (MART, Xu et al.'s melanoma code). The
+            name is MART's own, unrelated to the ``beta``/``betas`` of other components.
         boosted_ce: include MART's margin term (True: MART and the authors' code).
         detach_weight: stop gradients through the weight ``1 - p_y(x)``.
     """
 
     name = "maadvt"
+    positional: ClassVar[tuple[str, ...]] = ("threat",)
+    params: ClassVar[dict[str, Any]] = {"steps": Int(low=1), "step_size": Optional(Real(low=0)),
+                                        "beta": Real(low=0), "boosted_ce": Bool(), "detach_weight": Bool()}
+
+    threat: Threat
+    steps: int
+    step_size: float | None
+    beta: float
+    boosted_ce: bool
+    detach_weight: bool
 
     def __init__(self, threat: Threat, *, steps: int = 4, step_size: float | None = None, beta: float = 6.0,
                  boosted_ce: bool = True, detach_weight: bool = False) -> None:
-        check_inner_attack(threat, steps, step_size)
-        if not float(beta) >= 0:
-            raise ValueError(f"`beta` must be >= 0, got {beta}")
-        self.threat, self.steps, self.step_size = threat, steps, step_size
-        self.beta, self.boosted_ce, self.detach_weight = float(beta), bool(boosted_ce), bool(detach_weight)
+        self._set_threat(threat)
+        self._init_params(locals())
 
     def criterion(self, logits_nat: Tensor, logits_adv: Tensor, y: Tensor, task: Task) -> Tensor:
         """The MART objective from clean and adversarial logits (scalar)."""

@@ -6,16 +6,17 @@ Attacks", ICLR 2018 (Eq. 6 of Xu et al., MedIA 2021, is the same min-max).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from ..attacks.pgd import PGD
+from ..params import Int, Optional, Real
 from ..tasks import Task
 from ..threats import Threat
-from .base import TrainingStrategy, check_inner_attack
-from .trainer import draw_seed
+from ..training.loop import draw_seed
+from .base import TrainingStrategy
 
 __all__ = ["PGDAT", "adversarial_examples"]
 
@@ -35,16 +36,22 @@ class PGDAT(TrainingStrategy):
     supports, segmentation included (the task's per-voxel or Dice loss).
 
     Args:
-        threat: the training threat model (``Linf``/``L2`` with ε and bounds in data units).
+        threat: the training threat model (``Linf``/``L2`` with ε and the data box in data units).
         steps: PGD iterations per batch.
         step_size: PGD step α in data units; None = ``2.5 * eps / steps``.
     """
 
     name = "pgd_at"
+    positional: ClassVar[tuple[str, ...]] = ("threat",)
+    params: ClassVar[dict[str, Any]] = {"steps": Int(low=1), "step_size": Optional(Real(low=0))}
+
+    threat: Threat
+    steps: int
+    step_size: float | None
 
     def __init__(self, threat: Threat, *, steps: int = 4, step_size: float | None = None) -> None:
-        check_inner_attack(threat, steps, step_size)
-        self.threat, self.steps, self.step_size = threat, steps, step_size
+        self._set_threat(threat)
+        self._init_params(locals())
 
     def loss(self, model: nn.Module, x: Tensor, y: Tensor, task: Task, generator: torch.Generator) -> Tensor:
         x_adv = adversarial_examples(model, x, y, task, self.threat, self.steps, self.step_size, generator)

@@ -1,36 +1,32 @@
-"""The one adversarial-training loop; strategies (PGD-AT, MPAdvT, MAAdvT, TRADES, ...) supply the loss.
+"""The adversarial-training loop; strategies (PGD-AT, MPAdvT, MAAdvT, TRADES, ...) supply the loss.
 
-The loop owns what every recipe shares: the optimiser, the epoch/batch schedule, the seeded
-``torch.Generator`` handed to the strategy for all of its random choices, a progress bar, and a
-checkpoint after every epoch from which an interrupted run resumes to exactly the parameters an
-uninterrupted run would have reached. Train-time attacks are medadv attacks, which run with the model
-in eval mode and frozen parameters and restore train mode afterwards (Xu et al.'s code does the same).
+:class:`AdversarialTrainer` is the shared fitting loop (:class:`~medadv.training.loop.Fitter`: the epoch/batch
+schedule, the seeded ``torch.Generator`` handed to the strategy for all of its random choices, a progress
+bar, and a checkpoint after every epoch from which an interrupted run resumes to exactly the parameters an
+uninterrupted run would have reached) with a strategy's loss and an optimiser over the model. Train-time
+attacks are medadv attacks, which run with the model in eval mode and frozen parameters and restore train
+mode afterwards (Xu et al.'s code does the same).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from ..attacks.base import check_input, model_device
-from ..models.io import load_checkpoint, save_checkpoint
+from ..params import Real
+from ..runtime import check_input, model_device
 from ..tasks import Task
+from ..training.loop import Fitter, draw_seed
 from .base import TrainingStrategy
 
 __all__ = ["AdversarialTrainer", "draw_seed"]
 
 
-def draw_seed(generator: torch.Generator) -> int:
-    """A fresh attack seed from the loop's generator (so attack randomness is part of the seeded stream)."""
-    return int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
-
-
-class AdversarialTrainer:
+class AdversarialTrainer(Fitter):
     """Train ``model`` in place with a :class:`~medadv.defenses.base.TrainingStrategy`.
 
     Args:
@@ -56,37 +52,31 @@ class AdversarialTrainer:
             raise TypeError(f"`task` must be a medadv Task, got {task!r}")
         if not isinstance(strategy, TrainingStrategy):
             raise TypeError(f"`strategy` must be a medadv TrainingStrategy, got {type(strategy).__name__}")
-        for name, v in (("epochs", epochs), ("batch_size", batch_size)):
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"`{name}` must be an integer >= 1, got {v!r}")
         if optimizer is None:
-            if not float(lr) > 0:
-                raise ValueError(f"`lr` must be > 0, got {lr}")
-            optimizer = torch.optim.Adam(model.parameters(), lr=float(lr))
+            optimizer = torch.optim.Adam(model.parameters(), lr=Real(low=0, low_open=True).check(
+                lr, "lr", "AdversarialTrainer"))
         elif not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"`optimizer` must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}")
-        self.model, self.task, self.strategy, self.optimizer = model, task, strategy, optimizer
-        self.epochs, self.batch_size, self.seed = epochs, batch_size, int(seed)
-        self.checkpoint = None if checkpoint is None else Path(checkpoint)
-        self.progress = bool(progress)
-        self.history: list[float] = []
+        super().__init__(model, optimizer, epochs=epochs, batch_size=batch_size, seed=seed, checkpoint=checkpoint,
+                         progress=progress)
+        self.model, self.task, self.strategy = model, task, strategy
+        self.desc = f"train[{strategy.name}]"
 
-    def _save(self, epoch: int, rng: Tensor) -> None:
-        save_checkpoint(self.checkpoint, self.model, optimizer=self.optimizer.state_dict(), epoch=epoch,
-                        rng_state=rng, strategy=self.strategy.state_dict(), strategy_name=self.strategy.name,
-                        history=self.history)
+    # --- loop hooks -----------------------------------------------------------------------------------
+    def batch_loss(self, x: Tensor, y: Tensor | None, generator: torch.Generator) -> Tensor:
+        assert y is not None
+        return self.strategy.loss(self.model, x, y, self.task, generator)
 
-    def _resume(self, gen: torch.Generator) -> int:
-        payload = load_checkpoint(self.checkpoint, self.model)
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"strategy": self.strategy.state_dict(), "strategy_name": self.strategy.name}
+
+    def load_checkpoint_state(self, payload: dict[str, Any]) -> None:
         if payload.get("strategy_name") != self.strategy.name:
             raise ValueError(f"checkpoint {self.checkpoint} was written by strategy {payload.get('strategy_name')!r}, "
                              f"not {self.strategy.name!r}")
-        self.optimizer.load_state_dict(payload["optimizer"])
         self.strategy.load_state_dict(payload["strategy"])
-        gen.set_state(payload["rng_state"])
-        self.history = list(payload["history"])
-        return int(payload["epoch"])
 
+    # --- the fit --------------------------------------------------------------------------------------
     def fit(self, x: Tensor, y: Tensor, callback: Callable[[int, float], Any] | None = None) -> list[float]:
         """Train on ``(x, y)``; returns the mean training loss of every epoch (resumed ones included).
 
@@ -100,35 +90,4 @@ class AdversarialTrainer:
             self.model.eval()
             probe = self.model(x[:2].to(device))
         self.task.validate(probe, y[:2].to(device), "y")
-        gen = torch.Generator().manual_seed(self.seed)
-        start = self._resume(gen) if self.checkpoint is not None and self.checkpoint.is_file() else 0
-        epochs = range(start, self.epochs)
-        bar = None
-        if self.progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(epochs, desc=f"train[{self.strategy.name}]", unit="epoch", initial=start, total=self.epochs)
-            epochs = bar
-        try:
-            for epoch in epochs:
-                self.model.train()
-                perm = torch.randperm(x.shape[0], generator=gen)
-                total = torch.zeros((), device=device)
-                for i in range(0, x.shape[0], self.batch_size):
-                    idx = perm[i:i + self.batch_size]
-                    xb, yb = x[idx].to(device), y[idx].to(device)
-                    loss = self.strategy.loss(self.model, xb, yb, self.task, gen)
-                    self.optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    self.optimizer.step()
-                    total = total + loss.detach() * idx.numel()
-                self.history.append(float(total) / x.shape[0])
-                if self.checkpoint is not None:
-                    self._save(epoch + 1, gen.get_state())
-                if bar is not None:
-                    bar.set_postfix(loss=f"{self.history[-1]:.4f}")
-                if callback is not None:
-                    callback(epoch + 1, self.history[-1])
-        finally:
-            self.model.eval()
-        return self.history
+        return self.run(x, y, device, callback)

@@ -15,15 +15,18 @@ reference code); the L1 sums run over batch, classes and coefficients. All weigh
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from ..attacks.vafa import VAFA, VAFA2D
+from ..attacks.base import Attack
+from ..attacks.vafa import VAFA
 from ..dct import dct
+from ..params import Configurable, Constraint, Instance, Optional, Real
 from ..tasks import Segmentation, Task
-from ..threats import Bounds
+from ..threats import Bounds, Box
 from .base import TrainingStrategy
 
 __all__ = ["VAFT", "frequency_consistency"]
@@ -38,38 +41,66 @@ def frequency_consistency(logits: Tensor, logits_adv: Tensor) -> Tensor:
     return (fz - fa).abs().sum() / fz.abs().sum().clamp_min(1e-12)
 
 
-class VAFT(TrainingStrategy):
+class _BoxLike(Constraint):
+    """A :class:`~medadv.threats.Box` or a ``(lo, hi)`` pair (stored as a Box)."""
+
+    def describe(self) -> str:
+        return "a Box or a (lo, hi) pair of data bounds"
+
+    def convert(self, value: Any) -> Box:
+        return Box.coerce(value)
+
+
+class VAFT(TrainingStrategy, Configurable):
     """VAFT training loss: clean + adversarial (VAFA) segmentation loss + logit frequency consistency.
 
     Args:
         attack: the train-time attack; default a :class:`~medadv.attacks.vafa.VAFA` built on first use
             for the loop's task with ``attack_kwargs`` (README recipe: q_max 20, 20 steps, 32³ blocks,
-            SSIM on). Pass a :class:`VAFA2D` (or any segmentation attack) to change it.
-        bounds: data range of the inputs in data units (for the default attack).
+            SSIM on). Pass a :class:`~medadv.attacks.vafa.VAFA2D` (or any segmentation attack) to change it.
+        bounds: the data box of the inputs (a :class:`~medadv.threats.Box` or ``(lo, hi)`` in data units),
+            for the default attack; required when no ``attack`` is given.
         clean_weight, adv_weight, freq_weight: weights of the three terms (all 1 in the paper).
-        attack_kwargs: keyword arguments for the default VAFA (e.g. ``block=8, steps=5``).
+        attack_kwargs: keyword arguments for the default VAFA (e.g. ``block=8, steps=5``), checked against
+            VAFA's declared parameters when the strategy is built.
+
+    The papers train with DiceCE and MONAI's ``squared_pred=True``:
+    ``Segmentation(K, loss="dicece", include_background=True, squared_pred=True)`` as the loop's task.
     """
 
     name = "vaft"
+    params: ClassVar[dict[str, Constraint]] = {
+        "attack": Optional(Instance(Attack, text="a medadv segmentation attack (VAFA, VAFA2D, ...)")),
+        "bounds": Optional(_BoxLike()),
+        "clean_weight": Real(low=0),
+        "adv_weight": Real(low=0),
+        "freq_weight": Real(low=0),
+        "attack_kwargs": Optional(Instance(Mapping, text="a mapping of VAFA parameters")),
+    }
+    attack: Attack | None
+    bounds: Box | None
+    clean_weight: float
+    adv_weight: float
+    freq_weight: float
+    attack_kwargs: Mapping[str, Any] | None
 
-    def __init__(self, attack: VAFA | VAFA2D | None = None, *, bounds: Bounds | None = None,
+    def __init__(self, attack: Attack | None = None, *, bounds: Box | Bounds | None = None,
                  clean_weight: float = 1.0, adv_weight: float = 1.0, freq_weight: float = 1.0,
-                 attack_kwargs: dict[str, Any] | None = None) -> None:
-        if attack is None and bounds is None:
-            raise ValueError("`bounds` (the data range in data units) is required when no `attack` is given")
-        for n, w in (("clean_weight", clean_weight), ("adv_weight", adv_weight), ("freq_weight", freq_weight)):
-            if not float(w) >= 0:
-                raise ValueError(f"`{n}` must be >= 0, got {w}")
-        self.attack = attack
-        self.bounds = bounds
-        self.clean_weight, self.adv_weight, self.freq_weight = float(clean_weight), float(adv_weight), float(freq_weight)
-        self.attack_kwargs = dict(attack_kwargs or {})
+                 attack_kwargs: Mapping[str, Any] | None = None) -> None:
+        self._init_params(locals())
+        if attack is None and self.bounds is None:
+            raise ValueError("`bounds` (the data box, Box(lo, hi) in data units) is required when no `attack` "
+                             "is given")
+        # unknown or misspelt VAFA parameters fail here, not at the first batch
+        self._vafa_kwargs = VAFA.check_kwargs(dict(self.attack_kwargs or {}), what="VAFA (attack_kwargs)")
         self.last_terms: dict[str, Tensor] = {}
 
-    def _attack_for(self, task: Task):
-        # the default attack is built for the loop's task on first use (the strategy has no task before)
+    def _attack_for(self, task: Task) -> Attack:
+        # the default attack is built for the loop's task on first use (the strategy has no task before);
+        # from then on `attack` is that VAFA
         if self.attack is None:
-            self.attack = VAFA(task, bounds=self.bounds, **self.attack_kwargs)
+            assert self.bounds is not None
+            self.attack = VAFA(task, self.bounds, **self._vafa_kwargs)
         return self.attack
 
     def loss(self, model: nn.Module, x: Tensor, y: Tensor, task: Task, generator: torch.Generator) -> Tensor:

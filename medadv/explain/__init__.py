@@ -1,6 +1,19 @@
-"""Differentiable saliency maps (double backprop), captum-based where captum allows it."""
+"""Differentiable saliency maps (double backprop), captum-based where captum allows it.
 
-from .base import ClassScores, Explanation, as_target, class_maps, normalize_map
+captum is imported when a captum-based map is first computed, not by ``import medadv``.
+"""
+
+from .base import (
+    ClassScores,
+    Explanation,
+    as_target,
+    available_explanations,
+    class_maps,
+    explanation_class,
+    get_explanation,
+    normalize_map,
+    register_explanation,
+)
 from .gradcam import GradCAM
 from .gradient import Gradient, GradientXInput, IntegratedGradients, differentiable_gradient_func
 from .smoothgrad import SmoothGrad
@@ -12,6 +25,10 @@ __all__ = [
     "normalize_map",
     "class_maps",
     "as_target",
+    "register_explanation",
+    "explanation_class",
+    "get_explanation",
+    "available_explanations",
     "Gradient",
     "GradientXInput",
     "IntegratedGradients",

@@ -12,17 +12,42 @@ like ``c``".
 
 ``create_graph=True`` keeps the autograd graph of the map, so a loss on the map can be back-propagated
 to the input (double backpropagation). Attacks need it; evaluation does not.
+
+The entry points (:meth:`Explanation.__call__`, :meth:`Explanation.compute`, :func:`class_maps`) run
+the model the way attacks do: eval mode, parameters frozen, both restored afterwards
+(:func:`~medadv.runtime.attack_mode`), so a map of a model in training mode neither updates its
+BatchNorm statistics nor applies dropout.
+
+Explanations are small :class:`~medadv.params.Configurable` objects registered by name, so configs can
+say ``explanation: gradcam`` or ``{name: gradcam, layer: features.denseblock4}``
+(:func:`get_explanation`, :func:`available_explanations`).
 """
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Explanation", "ClassScores", "normalize_map", "class_maps", "as_target"]
+from ..params import Configurable, Constraint, InvalidParameterError, closest
+from ..runtime import attack_mode
+
+__all__ = [
+    "Explanation",
+    "ClassScores",
+    "normalize_map",
+    "class_maps",
+    "as_target",
+    "register_explanation",
+    "explanation_class",
+    "get_explanation",
+    "available_explanations",
+    "LayerName",
+]
 
 TargetLike = int | Sequence[int] | Tensor
 
@@ -81,21 +106,42 @@ def as_target(target: TargetLike, n: int, device: torch.device, num_classes: int
     return t.clone()
 
 
-class Explanation(ABC):
+class LayerName(Constraint):
+    """A non-empty dotted submodule name (``model.named_modules()``), e.g. ``"features.denseblock4"``."""
+
+    def describe(self) -> str:
+        return "a non-empty submodule name (str, as in model.named_modules())"
+
+    def convert(self, value: Any) -> str:
+        if not isinstance(value, str):
+            raise TypeError
+        if not value:
+            raise ValueError
+        return value
+
+
+class Explanation(Configurable, ABC):
     """Base class of the differentiable saliency methods.
 
-    Subclasses implement :meth:`attribute`. Call the object to get normalised maps with validation;
-    attacks call :meth:`compute` inside their loops (no validation, no host synchronisation).
+    Subclasses implement :meth:`attribute` and declare their constructor arguments in ``params``
+    (:mod:`medadv.params`). Call the object to get normalised maps with validation; attacks, which
+    already hold the model in attack mode, use :meth:`map` inside their loops (no validation, no mode
+    switching, no host synchronisation).
     """
 
-    name: str = "explanation"
+    #: registry name (``get_explanation(name)``); set by :func:`register_explanation`
+    name: ClassVar[str] = "explanation"
 
     @abstractmethod
     def attribute(self, model: nn.Module, x: Tensor, target: Tensor, *, create_graph: bool = False) -> Tensor:
         """Raw attribution for ``target`` (``(N,)`` int64): same shape as ``x`` unless stated otherwise."""
 
-    def compute(self, model: nn.Module, x: Tensor, target: Tensor, *, create_graph: bool = False) -> Tensor:
-        """Normalised map ``(N, *spatial)`` without input checks (for attack loops)."""
+    def map(self, model: nn.Module, x: Tensor, target: Tensor, *, create_graph: bool = False) -> Tensor:
+        """Normalised map ``(N, *spatial)`` with the model as it is (for attack loops: no checks, no mode change).
+
+        The caller is responsible for the model's mode; :meth:`compute` and :meth:`__call__` put it in
+        attack mode first.
+        """
         if not x.requires_grad:
             # a fresh leaf that shares storage: the caller's tensor keeps its requires_grad flag
             x = x.detach().requires_grad_(True)
@@ -104,8 +150,19 @@ class Explanation(ABC):
         m = normalize_map(attr, channel_dim=True)
         return m if create_graph else m.detach()
 
+    def compute(self, model: nn.Module, x: Tensor, target: Tensor, *, create_graph: bool = False) -> Tensor:
+        """Normalised map ``(N, *spatial)`` of ``target`` (``(N,)`` int64) without input checks.
+
+        The model runs in eval mode with frozen parameters; its modes and ``requires_grad`` flags are
+        restored afterwards.
+        """
+        with attack_mode(model):
+            return self.map(model, x, target, create_graph=create_graph)
+
     def __call__(self, model: nn.Module, x: Tensor, target: TargetLike, *, create_graph: bool = False) -> Tensor:
         """Saliency map ``(N, *spatial)`` of ``target`` for ``x``: non-negative, each sample sums to 1.
+
+        The model runs in eval mode with frozen parameters (restored afterwards), like an attack.
 
         Args:
             model: the network (classifier ``(N, C)`` or segmenter ``(N, C, *spatial)`` logits).
@@ -113,21 +170,27 @@ class Explanation(ABC):
             target: class/label index per sample (int or ``(N,)`` ints).
             create_graph: keep the graph so that the map is differentiable w.r.t. ``x``.
         """
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}")
-        if not isinstance(x, Tensor) or not x.is_floating_point():
-            raise TypeError("`x` must be a floating-point torch.Tensor")
-        if x.ndim < 3 or x.shape[0] == 0:
-            raise ValueError(f"`x` must be a non-empty batch (N, C, *spatial), got shape {tuple(x.shape)}")
-        if not torch.isfinite(x).all():
-            raise ValueError("`x` contains NaN or Inf values")
-        with torch.no_grad():
-            num_classes = ClassScores(model)(x[:1]).shape[1]
-        t = as_target(target, x.shape[0], x.device, num_classes)
-        return self.compute(model, x, t, create_graph=create_graph)
+        _check_model_and_input(model, x)
+        with attack_mode(model):
+            with torch.no_grad():
+                num_classes = ClassScores(model)(x[:1]).shape[1]
+            t = as_target(target, x.shape[0], x.device, num_classes)
+            return self.map(model, x, t, create_graph=create_graph)
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
+    def config(self) -> dict[str, Any]:
+        """``{"name": ..., **get_params()}``: what :func:`get_explanation` rebuilds this explanation from."""
+        return {"name": self.name, **self.get_params()}
+
+
+def _check_model_and_input(model: Any, x: Any) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise TypeError("`x` must be a floating-point torch.Tensor")
+    if x.ndim < 3 or x.shape[0] == 0:
+        raise ValueError(f"`x` must be a non-empty batch (N, C, *spatial), got shape {tuple(x.shape)}")
+    if not torch.isfinite(x).all():
+        raise ValueError("`x` contains NaN or Inf values")
 
 
 def class_maps(
@@ -137,13 +200,86 @@ def class_maps(
     """Maps of several classes/labels at once, ``(N, K, *spatial)``.
 
     Per-label maps of a multi-label model, or per-class maps of a segmentation model. ``classes``
-    defaults to every output of the model.
+    defaults to every output of the model. The model runs in attack mode (eval, frozen; restored).
     """
-    with torch.no_grad():
-        num_classes = ClassScores(model)(x[:1]).shape[1]
-    classes = list(range(num_classes)) if classes is None else list(classes)
-    if not classes:
-        raise ValueError("`classes` must name at least one class")
-    return torch.stack(
-        [explanation(model, x, int(c), create_graph=create_graph) for c in classes], dim=1
-    )
+    if not isinstance(explanation, Explanation):
+        raise TypeError(f"`explanation` must be a medadv Explanation, got {type(explanation).__name__}")
+    _check_model_and_input(model, x)
+    with attack_mode(model):
+        with torch.no_grad():
+            num_classes = ClassScores(model)(x[:1]).shape[1]
+        classes = list(range(num_classes)) if classes is None else list(classes)
+        if not classes:
+            raise ValueError("`classes` must name at least one class")
+        return torch.stack(
+            [explanation(model, x, int(c), create_graph=create_graph) for c in classes], dim=1
+        )
+
+
+# --- registry: names used by configs --------------------------------------------------------------------------
+_REGISTRY: dict[str, type[Explanation]] = {}
+
+
+def register_explanation(name: str) -> Callable[[type[Explanation]], type[Explanation]]:
+    """Class decorator: make an explanation constructible by name (:func:`get_explanation`)."""
+
+    def deco(cls: type[Explanation]) -> type[Explanation]:
+        key = name.lower()
+        if key in _REGISTRY and _REGISTRY[key] is not cls:
+            raise ValueError(f"explanation name {name!r} is already registered to {_REGISTRY[key].__name__}")
+        _REGISTRY[key] = cls
+        cls.name = key
+        return cls
+
+    return deco
+
+
+def available_explanations() -> list[str]:
+    """Registered explanation names (``"gradient"``, ``"gradcam"``, ...)."""
+    return sorted(_REGISTRY)
+
+
+def explanation_class(name: str) -> type[Explanation]:
+    """The registered class for ``name`` (case-insensitive; unknown names get the closest one)."""
+    if not isinstance(name, str):
+        raise InvalidParameterError(f"an explanation name must be a string, got {type(name).__name__}")
+    key = name.lower()
+    if key not in _REGISTRY:
+        c = closest(key, _REGISTRY)
+        hint = f"; did you mean {c!r}?" if c else ""
+        raise InvalidParameterError(
+            f"unknown explanation {name!r}{hint or ';'} available: {', '.join(available_explanations())}")
+    return _REGISTRY[key]
+
+
+def get_explanation(spec: str | Mapping[str, Any] | Explanation, **params: Any) -> Explanation:
+    """Build an explanation from a name, a ``{name: ..., **params}`` mapping, or pass an instance through.
+
+    Examples: ``get_explanation("gradient")``, ``get_explanation("gradcam", layer="features.norm5")``,
+    ``get_explanation({"name": "smoothgrad", "n_samples": 20})``. Unknown names and parameters are
+    refused with the closest valid one; missing required parameters (Grad-CAM's ``layer``) are named.
+    """
+    if isinstance(spec, Explanation):
+        if params:
+            raise InvalidParameterError("give parameters with an explanation name, not with an Explanation instance")
+        return spec
+    if isinstance(spec, Mapping):
+        spec = dict(spec)
+        if "name" not in spec:
+            raise InvalidParameterError(
+                f"an explanation mapping needs a `name` (one of {', '.join(available_explanations())}); got {spec!r}")
+        name = spec.pop("name")
+        params = {**spec, **params}
+    else:
+        name = spec
+    cls = explanation_class(name)
+    kwargs = cls.check_kwargs(params, what=f"explanation {cls.name!r}")
+    sig = inspect.signature(cls.__init__)
+    missing = [n for n, p in sig.parameters.items()
+               if n != "self" and p.default is inspect.Parameter.empty
+               and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and n not in kwargs]
+    if missing:
+        names = ", ".join(f"`{m}`" for m in missing)
+        raise InvalidParameterError(f"explanation {cls.name!r} requires {names}, e.g. "
+                                    f"{{name: {cls.name}, {missing[0]}: ...}}")
+    return cls(**kwargs)

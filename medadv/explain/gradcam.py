@@ -1,30 +1,32 @@
 """Grad-CAM for 2-D and 3-D layers via captum ``LayerGradCam`` with ``grad_kwargs={"create_graph": True}``.
 
 Without ``grad_kwargs`` captum's map keeps a graph only through the layer activations, with the channel
-weights detached: a partial, silently wrong gradient (toolkits_api.md §5).
+weights detached: a partial, silently wrong gradient (toolkits_api.md §5). captum is imported when a map
+is first computed.
 """
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import torch.nn.functional as F
-from captum.attr import LayerGradCam
 from torch import Tensor, nn
 
-from .base import ClassScores, Explanation
+from ..params import Bool
+from .base import ClassScores, Explanation, LayerName, register_explanation
 from .surrogate import BETA_ATTR
 
 __all__ = ["GradCAM"]
 
 
-def _resolve_layer(model: nn.Module, layer: str | nn.Module) -> nn.Module:
+def _resolve_layer(model: nn.Module, layer: str) -> nn.Module:
     modules = dict(model.named_modules())
-    if isinstance(layer, str):
-        if layer not in modules:
-            raise ValueError(f"`layer` {layer!r} is not a submodule of the model; e.g. {list(modules)[1:6]}")
-        return modules[layer]
-    raise TypeError(f"`layer` must be a submodule name (str), got {type(layer).__name__}")
+    if layer not in modules:
+        raise ValueError(f"`layer` {layer!r} is not a submodule of the model; e.g. {list(modules)[1:6]}")
+    return modules[layer]
 
 
+@register_explanation("gradcam")
 class GradCAM(Explanation):
     """Grad-CAM (Selvaraju et al., ICCV 2017) of a convolutional layer, upsampled to the input grid.
 
@@ -38,20 +40,22 @@ class GradCAM(Explanation):
     Args:
         layer: dotted name of the layer in the model (``model.named_modules()``), e.g.
             ``"features.norm5"`` for torchvision DenseNet-121 or ``"model.1.submodule"`` for MONAI. A
-            name (not a module object) so the same explanation works on a deep-copied surrogate.
+            name (not a module object) so the same explanation works on a deep-copied surrogate and can be
+            written in a config (``{name: gradcam, layer: features.denseblock4}``).
         attribute_to_layer_input: use the layer's input instead of its output.
     """
 
-    name = "gradcam"
+    params: ClassVar[dict[str, Any]] = {"layer": LayerName(), "attribute_to_layer_input": Bool()}
+    layer: str
+    attribute_to_layer_input: bool
 
     def __init__(self, layer: str, attribute_to_layer_input: bool = False) -> None:
-        if not isinstance(layer, str) or not layer:
-            raise TypeError(f"`layer` must be a non-empty submodule name (str), got {layer!r}")
-        self.layer = layer
-        self.attribute_to_layer_input = bool(attribute_to_layer_input)
+        self._init_params(locals())
 
     def attribute(self, model: nn.Module, x: Tensor, target: Tensor, *, create_graph: bool = False) -> Tensor:
         """Upsampled Grad-CAM map ``(N, 1, *spatial)`` (non-negative)."""
+        from captum.attr import LayerGradCam
+
         layer = _resolve_layer(model, self.layer)
         cam = LayerGradCam(ClassScores(model), layer).attribute(
             x, target=target, relu_attributions=False,
@@ -67,6 +71,3 @@ class GradCAM(Explanation):
         cam = F.relu(cam) if beta is None else F.softplus(cam, beta=beta)
         mode = {1: "linear", 2: "bilinear", 3: "trilinear"}[x.ndim - 2]
         return F.interpolate(cam, size=tuple(x.shape[2:]), mode=mode, align_corners=False)
-
-    def __repr__(self) -> str:
-        return f"GradCAM(layer={self.layer!r})"

@@ -22,19 +22,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..params import Int, Real, look_up_option
+
 __all__ = ["ResnetGenerator", "UnetGenerator", "build_generator", "init_weights"]
 
 
-def _check_ndim(ndim: int) -> int:
-    if ndim not in (2, 3):
-        raise ValueError(f"`ndim` must be 2 or 3 (spatial dimensions), got {ndim}")
-    return int(ndim)
+_POSITIVE = Int(low=1)
+_NDIM = Int(low=2, high=3)
+_NORMS = ("batch", "instance", "none")
 
 
-def _check_positive(**kw: int) -> None:
-    for name, v in kw.items():
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"`{name}` must be an integer >= 1, got {v!r}")
+def _positive(owner: str, **kw: int) -> list[int]:
+    """The integer arguments, each checked to be >= 1 (errors name the argument and the class)."""
+    return [_POSITIVE.check(v, name, owner) for name, v in kw.items()]
 
 
 def _norm(kind: str, channels: int, ndim: int) -> nn.Module:
@@ -42,9 +42,7 @@ def _norm(kind: str, channels: int, ndim: int) -> nn.Module:
         return (nn.BatchNorm2d if ndim == 2 else nn.BatchNorm3d)(channels)
     if kind == "instance":
         return (nn.InstanceNorm2d if ndim == 2 else nn.InstanceNorm3d)(channels, affine=True)
-    if kind == "none":
-        return nn.Identity()
-    raise ValueError(f"`norm` must be 'batch', 'instance' or 'none', got {kind!r}")
+    return nn.Identity()
 
 
 def _conv(ndim: int) -> type[nn.Module]:
@@ -107,8 +105,11 @@ class ResnetGenerator(_PadToMultiple):
     def __init__(self, in_channels: int = 1, out_channels: int | None = None, *, ngf: int = 16, n_blocks: int = 2,
                  n_down: int = 2, ndim: int = 2, norm: str = "batch", seed: int | None = 0) -> None:
         out_channels = in_channels if out_channels is None else out_channels
-        _check_positive(in_channels=in_channels, out_channels=out_channels, ngf=ngf, n_blocks=n_blocks, n_down=n_down)
-        ndim = _check_ndim(ndim)
+        in_channels, out_channels, ngf, n_blocks, n_down = _positive(
+            "ResnetGenerator", in_channels=in_channels, out_channels=out_channels, ngf=ngf, n_blocks=n_blocks,
+            n_down=n_down)
+        ndim = _NDIM.check(ndim, "ndim", "ResnetGenerator")
+        norm = look_up_option(norm, _NORMS, argument="norm", owner="ResnetGenerator")
         super().__init__(2**n_down)
         conv, convt = _conv(ndim), _convt(ndim)
         act = nn.ReLU
@@ -192,17 +193,19 @@ class UnetGenerator(_PadToMultiple):
     def __init__(self, in_channels: int = 1, out_channels: int | None = None, *, ngf: int = 16, depth: int = 3,
                  ndim: int = 2, norm: str = "batch", dropout: float = 0.0, seed: int | None = 0) -> None:
         out_channels = in_channels if out_channels is None else out_channels
-        _check_positive(in_channels=in_channels, out_channels=out_channels, ngf=ngf, depth=depth)
-        ndim = _check_ndim(ndim)
-        if not 0.0 <= float(dropout) < 1.0:
-            raise ValueError(f"`dropout` must be in [0, 1), got {dropout}")
+        in_channels, out_channels, ngf, depth = _positive(
+            "UnetGenerator", in_channels=in_channels, out_channels=out_channels, ngf=ngf, depth=depth)
+        ndim = _NDIM.check(ndim, "ndim", "UnetGenerator")
+        norm = look_up_option(norm, _NORMS, argument="norm", owner="UnetGenerator")
+        dropout = Real(low=0, high=1, high_open=True).check(dropout, "dropout", "UnetGenerator")
         super().__init__(2**depth)
         widths = [in_channels] + [ngf * min(2**i, 8) for i in range(depth)]
         level: nn.Module | None = None
         for i in range(depth, 0, -1):  # build from the bottom up
             level = _UnetLevel(widths[i - 1], widths[i], ndim, norm, level, outermost=(i == 1),
                                out_channels=out_channels, dropout=dropout if i > 1 else 0.0)
-        self.body = level
+        assert level is not None  # depth >= 1
+        self.body: nn.Module = level
         self.config: dict[str, Any] = dict(kind="unet", in_channels=in_channels, out_channels=out_channels, ngf=ngf,
                                            depth=depth, ndim=ndim, norm=norm, dropout=float(dropout))
         init_weights(self, seed)
@@ -212,9 +215,10 @@ class UnetGenerator(_PadToMultiple):
 
 
 def build_generator(kind: str = "unet", **kwargs: Any) -> nn.Module:
-    """Build a generator from its ``config`` dict (``kind`` = ``"unet"`` or ``"resnet"``, plus its arguments)."""
-    if kind == "unet":
-        return UnetGenerator(**kwargs)
-    if kind == "resnet":
-        return ResnetGenerator(**kwargs)
-    raise ValueError(f"`kind` must be 'unet' or 'resnet', got {kind!r}")
+    """Build a generator from its ``config`` dict (``kind`` = ``"unet"`` or ``"resnet"``, plus its arguments).
+
+    Unknown architecture names get the closest valid one in the error; the arguments are those of
+    :class:`UnetGenerator` / :class:`ResnetGenerator`.
+    """
+    kind = look_up_option(kind, ("unet", "resnet"), argument="kind", owner="build_generator")
+    return UnetGenerator(**kwargs) if kind == "unet" else ResnetGenerator(**kwargs)

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..results import Results
+from ..results import DETAIL_PREFIX, Results, summary_columns
 from .plots import headline_metric, plot_robustness_curve
 
 __all__ = ["write_report"]
@@ -21,6 +21,12 @@ def _cell(v: Any) -> str:
     return "" if v is None else str(v)
 
 
+def _table(rows: list[dict[str, Any]], cols: list[str]) -> list[str]:
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    out += ["| " + " | ".join(_cell(r.get(c)) for c in cols) + " |" for r in rows]
+    return out + [""]
+
+
 def write_report(results: Results, out_dir: str | os.PathLike, title: str = "medadv robustness report") -> Path:
     """Write ``report.md`` and ``robustness.png`` into ``out_dir``; returns the report path."""
     out = Path(out_dir)
@@ -31,12 +37,15 @@ def write_report(results: Results, out_dir: str | os.PathLike, title: str = "med
         lines.append(f"- **{k}**: {v}")
     lines.append("")
     if summary:
-        cols = [c for c in summary[0] if not c.endswith("_scores")]
-        lines.append("| " + " | ".join(cols) + " |")
-        lines.append("|" + "---|" * len(cols))
-        for r in summary:
-            lines.append("| " + " | ".join(_cell(r.get(c)) for c in cols) + " |")
-        lines.append("")
+        cols = [c for c in summary_columns(summary) if not c.endswith("_scores") and not c.startswith(DETAIL_PREFIX)]
+        lines += _table(summary, cols)
+        details = [c for c in summary_columns(summary) if c.startswith(DETAIL_PREFIX)]
+        if details:
+            # attack-specific outputs (AttackDetails.columns), per-attack means; blank where an attack has none
+            rows = [r for r in summary if any(c in r for c in details)]
+            lines += ["## Attack-specific outputs", "",
+                      "Per-attack means of the per-sample outputs each attack declares (`attack_*` columns).", ""]
+            lines += _table(rows, ["attack", "budget", *details, "n"])
         if any(r["budget"] is not None for r in summary):
             png = plot_robustness_curve(results, out / "robustness.png")
             lines += [f"![robustness curve: {headline_metric(results)} vs budget]({png.name})", ""]

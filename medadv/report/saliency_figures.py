@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -61,7 +62,7 @@ def plot_saliency_attack(
         lim = float(d.abs().max()) or 1.0
         m0, m1 = _plane(map_clean[i]), _plane(map_adv[i])
         vmax = float(torch.maximum(m0.max(), m1.max())) or 1.0
-        panels = [
+        panels: list[tuple[Tensor, str, dict[str, Any]]] = [
             (img, "image", dict(cmap="gray")),
             (d, f"perturbation (max {lim:.3g})", dict(cmap="seismic", vmin=-lim, vmax=lim)),
             (m0, "original map", dict(cmap="inferno", vmin=0, vmax=vmax)),

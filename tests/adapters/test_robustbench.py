@@ -105,3 +105,32 @@ def test_autoattack_rejects_what_it_cannot_do(trained_multiclass):
         AutoAttack(MultiClass(), Linf(0.1, bounds=(0.0, 1.0)), version="custom")
     with pytest.raises(ValueError, match="attacks"):
         AutoAttack(MultiClass(), Linf(0.1, bounds=(0.0, 1.0)), version="custom", attacks=["pgd"])
+
+
+def test_autoattack_declares_its_parameters():
+    task, threat = MultiClass(), Linf(0.1, bounds=(0.0, 1.0))
+    AutoAttack.check_declarations()
+    atk = get_attack("autoattack", task, threat, version="custom", attacks=["APGD-CE", "square"], batch_size=8.0)
+    assert atk.get_params() == {"version": "custom", "attacks": ["apgd-ce", "square"], "batch_size": 8,
+                                "targeted": False, "seed": 0}
+    assert AutoAttack(task, threat, **atk.get_params()).fingerprint() == atk.fingerprint()
+    assert atk.set_params(batch_size=4).fingerprint() != atk.fingerprint()
+    with pytest.raises(ValueError, match="did you mean 'standard'"):
+        AutoAttack(task, threat, version="standrd")
+    with pytest.raises(ValueError, match="did you mean 'apgd-ce'"):
+        AutoAttack(task, threat, version="custom", attacks=["apgd-c"])
+    with pytest.raises(ValueError, match="`batch_size` of AutoAttack must be None or an integer >= 1"):
+        AutoAttack(task, threat, batch_size=2.5)
+
+
+def test_autoattack_leaves_the_global_rng_alone(trained_multiclass):
+    # regression: pyautoattack calls torch.manual_seed(seed), which reset the caller's random stream
+    t = trained_multiclass
+    atk = AutoAttack(t.task, Linf(0.05, bounds=(0.0, 1.0)), version="custom", attacks=["apgd-ce"], seed=3)
+    torch.manual_seed(123)
+    expected = torch.rand(8)
+    torch.manual_seed(123)
+    first = atk(t.model, t.x[:8], t.y[:8])
+    assert torch.equal(torch.rand(8), expected)
+    # still seeded: the same seed gives the same adversarial tensor
+    assert torch.equal(atk(t.model, t.x[:8], t.y[:8]).x_adv, first.x_adv)

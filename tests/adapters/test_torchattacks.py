@@ -180,3 +180,19 @@ def test_bad_input(trained_multilabel, hu):
         w.labels(t.y * 0.5)
     with pytest.raises(ValueError, match="lo < hi"):
         TorchattacksModel(t.model, t.task, bounds=(1.0, 0.0))
+
+
+def test_medadv_attack_wraps_an_always_targeted_attack(trained_seg2d):
+    # DAG's y is always its adversarial label map: torchattacks' default (untargeted) mode must not
+    # switch the wrapped copy to untargeted; the wrapper gives DAG's own tensor
+    from medadv.attacks.dag import DAG, dag_target_a
+    from medadv.threats import Box
+
+    t = trained_seg2d
+    ya, _ = dag_target_a(t.y)
+    dag = DAG(t.task, Box(0.0, 1.0), step_size=0.01, steps=20)
+    wrapper = MedadvAttack(dag, t.model)
+    x_adv = wrapper(t.x, ya)
+    direct = dag(t.model, t.x, ya)
+    assert torch.equal(x_adv, direct.x_adv) and not torch.equal(x_adv, t.x)
+    assert dag.targeted and wrapper.targeted is False  # the configured attack itself is never mutated

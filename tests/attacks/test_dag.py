@@ -7,9 +7,13 @@ import pytest
 import scipy.ndimage as ndi
 import torch
 
-from medadv.attacks.dag import DAG, calibrate_gamma, dag_target_a, dag_target_b, dag_target_c
+from medadv.attacks.base import get_attack
+from medadv.attacks.dag import DAG, DAGDetails, calibrate_step_size, dag_target_a, dag_target_b, dag_target_c
+from medadv.params import InvalidParameterError
 from medadv.tasks import MultiClass, Segmentation
-from medadv.threats import Linf
+from medadv.threats import Box, Linf
+
+UNIT = Box(0.0, 1.0)
 
 
 def test_target_a_everything_to_background():
@@ -55,7 +59,7 @@ def test_dag_type_a_drives_voxels_to_background(trained_seg3d):
     m, task, x, y = trained_seg3d.model, trained_seg3d.task, trained_seg3d.x, trained_seg3d.y
     x_before = x.clone()
     ya, mask = dag_target_a(y)
-    res = DAG(task, bounds=(0.0, 1.0), gamma=0.01, max_iter=200)(m, x, ya, target_mask=mask)
+    res = DAG(task, UNIT, step_size=0.01, steps=200)(m, x, ya, target_mask=mask)
     assert torch.equal(x, x_before)
     pred = res.logits.argmax(1)
     assert float((pred == 0).float().mean()) >= 0.9  # >= 90 % of all voxels at the target
@@ -76,7 +80,7 @@ def test_dag_types_b_and_c_change_the_target_and_keep_the_rest(trained_seg3d):
         (*dag_target_c(y, cls=2, iterations=2), 0.9),
     ):
         clean_hit = ((pred0 == ya) & mask).sum() / mask.sum()
-        res = DAG(task, bounds=(0.0, 1.0), gamma=0.01, max_iter=100)(m, x, ya, target_mask=mask)
+        res = DAG(task, UNIT, step_size=0.01, steps=100)(m, x, ya, target_mask=mask)
         assert float(res.extras["fooled_fraction"].mean()) >= max(need, float(clean_hit) + 0.2)
         kept = ((res.logits.argmax(1) == pred0) | mask).float().mean()
         assert float(kept) >= 0.95  # voxels outside the target region mostly keep their prediction
@@ -85,11 +89,12 @@ def test_dag_types_b_and_c_change_the_target_and_keep_the_rest(trained_seg3d):
 def test_dag_stops_early_and_bounded_variant(trained_seg3d):
     m, task, x, y = trained_seg3d.model, trained_seg3d.task, trained_seg3d.x, trained_seg3d.y
     ya, mask = dag_target_c(y, cls=2, iterations=1)
-    res = DAG(task, bounds=(0.0, 1.0), gamma=0.02, max_iter=200, stop_fraction=0.05)(m, x, ya, target_mask=mask)
+    res = DAG(task, UNIT, step_size=0.02, steps=200, stop_fraction=0.05)(m, x, ya, target_mask=mask)
     assert (res.extras["iterations"] < 200).all()
     assert (res.extras["fooled_fraction"] >= 0.95).all()
     eps = 4 / 255
-    res_b = DAG(task, Linf(eps, bounds=(0, 1)), gamma=0.01, max_iter=30)(m, x, *dag_target_a(y))
+    ya, mask = dag_target_a(y)
+    res_b = DAG(task, Linf(eps, bounds=(0, 1)), step_size=0.01, steps=30)(m, x, ya, target_mask=mask)
     assert (res_b.linf <= eps + 1e-6).all()
     assert res_b.x_adv.min() >= 0 and res_b.x_adv.max() <= 1
 
@@ -97,14 +102,15 @@ def test_dag_stops_early_and_bounded_variant(trained_seg3d):
 def test_dag_2d_multichannel(trained_seg2d):
     m, task, x, y = trained_seg2d.model, trained_seg2d.task, trained_seg2d.x, trained_seg2d.y
     ya, mask = dag_target_c(y, cls=2, iterations=2)
-    res = DAG(task, bounds=(0.0, 1.0), gamma=0.01, max_iter=100)(m, x, ya, target_mask=mask)
+    res = DAG(task, UNIT, step_size=0.01, steps=100)(m, x, ya, target_mask=mask)
     assert res.x_adv.shape == x.shape
     assert float(res.extras["fooled_fraction"].mean()) >= 0.8
 
 
 def test_dag_l2_steps_have_length_gamma(trained_seg3d):
     m, task, x, y = trained_seg3d.model, trained_seg3d.task, trained_seg3d.x[:1], trained_seg3d.y[:1]
-    res = DAG(task, gamma=0.01, max_iter=1, norm="l2", bounds=None)(m, x, *dag_target_a(y))
+    ya, mask = dag_target_a(y)
+    res = DAG(task, Box.unbounded(), step_size=0.01, steps=1, norm="l2")(m, x, ya, target_mask=mask)
     np.testing.assert_allclose(res.l2.numpy(), [0.01], rtol=1e-4)
 
 
@@ -112,25 +118,95 @@ def test_dag_bad_input(trained_seg3d):
     m, task, x, y = trained_seg3d.model, trained_seg3d.task, trained_seg3d.x, trained_seg3d.y
     with pytest.raises(TypeError, match="Segmentation"):
         DAG(MultiClass())
-    with pytest.raises(ValueError, match="gamma"):
-        DAG(task, bounds=(0.0, 1.0), gamma=0)
+    with pytest.raises(ValueError, match="step_size"):
+        DAG(task, UNIT, step_size=0)
     with pytest.raises(ValueError, match="norm"):
-        DAG(task, bounds=(0.0, 1.0), norm="l1")
+        DAG(task, UNIT, norm="l1")
     with pytest.raises(ValueError, match="target"):
-        DAG(task, bounds=(0.0, 1.0))(m, x)
+        DAG(task, UNIT)(m, x)
     with pytest.raises(ValueError, match="bounds"):
-        DAG(task, bounds=(0.0, 1.0))(m, x + 2, y)
+        DAG(task, UNIT)(m, x + 2, y)
     with pytest.raises(ValueError, match="target_mask"):
-        DAG(task, bounds=(0.0, 1.0))(m, x, y, target_mask=torch.ones(1, 2, 2, dtype=torch.bool))
+        DAG(task, UNIT)(m, x, y, target_mask=torch.ones(1, 2, 2, dtype=torch.bool))
     with pytest.raises(ValueError, match="out of range"):
-        DAG(Segmentation(3), bounds=(0.0, 1.0))(m, x, y + 5)
+        DAG(Segmentation(3), UNIT)(m, x, y + 5)
 
 
 def test_calibrate_gamma_hits_the_reported_mse(trained_seg3d):
     m, task, x, y = trained_seg3d.model, trained_seg3d.task, trained_seg3d.x[:2], trained_seg3d.y[:2]
     ya, mask = dag_target_a(y)
-    gamma, res = calibrate_gamma(m, task, x, ya, mask, target_mse=0.002, iters=5, max_iter=30, bounds=(0.0, 1.0))
+    gamma, res = calibrate_step_size(m, task, x, ya, mask, threat=UNIT, target_mse=0.002, iters=5, steps=30)
     assert 1e-4 < gamma < 0.05
     assert abs(float(res.extras["mse"].mean()) - 0.002) < 0.001
     with pytest.raises(ValueError, match="target_mse"):
-        calibrate_gamma(m, task, x, ya, target_mse=0)
+        calibrate_step_size(m, task, x, ya, target_mse=0)
+
+
+def test_dag_declared_params_vocabulary_and_aliases():
+    task = Segmentation(3)
+    with pytest.raises(InvalidParameterError, match="steps"):
+        DAG(task, UNIT, steps=2.5)  # an error, never a silent 2
+    with pytest.raises(InvalidParameterError, match="stop_fraction"):
+        DAG(task, UNIT, stop_fraction=1.0)
+    with pytest.warns(FutureWarning, match="max_iter"), pytest.warns(FutureWarning, match="gamma"):
+        old = DAG(task, UNIT, max_iter=7, gamma=0.02)
+    assert (old.steps, old.step_size) == (7, 0.02)
+    with pytest.warns(FutureWarning, match="bounds"):
+        legacy = DAG(task, bounds=(0.0, 1.0))
+    assert legacy.box == UNIT and legacy.threat is None
+    with pytest.raises(InvalidParameterError, match="once"):
+        DAG(task, UNIT, bounds=(0.0, 1.0))
+    DAG.check_declarations()
+    atk = DAG(task, UNIT, steps=5)
+    params = atk.get_params()
+    assert params["steps"] == 5 and params["step_size"] is None and "targeted" not in params
+    assert atk.targeted  # DAG's y is always the target map
+    # the default step is 0.5/255 of the data range (Xie's 0.5 grey levels), in data units
+    assert DAG(task, UNIT).alpha == pytest.approx(0.5 / 255)
+    assert DAG(task, Box(-1000.0, 1000.0)).alpha == pytest.approx(2000 * 0.5 / 255)
+    with pytest.raises(InvalidParameterError, match="step_size"):
+        DAG(task, Box.unbounded())  # no data range: the step must be given
+    # settings and the box reach the fingerprint; set_params keeps the box
+    assert atk.fingerprint() != atk.set_params(steps=6).fingerprint()
+    assert atk.fingerprint() != DAG(task, Box(0.0, 2.0), steps=5).fingerprint()
+    assert atk.set_params(stop_fraction=0.1).box == UNIT
+
+
+def test_dag_from_the_registry_with_defaults(trained_seg2d):
+    m, task, x, y = trained_seg2d.model, trained_seg2d.task, trained_seg2d.x[:2], trained_seg2d.y[:2]
+    atk = get_attack("dag", task, UNIT)
+    assert isinstance(atk, DAG) and atk.steps == 200 and atk.norm == "linf"
+    with pytest.warns(FutureWarning):
+        assert get_attack("dag", task, UNIT, max_iter=3).steps == 3
+    ya, mask = dag_target_c(y, cls=2, iterations=1)
+    res = get_attack("dag", task, UNIT, steps=3)(m, x, ya, target_mask=mask)
+    assert (res.details.iterations <= 3).all()
+
+
+def test_dag_typed_details_and_rows(trained_seg3d):
+    m, task, x, y = trained_seg3d.model, trained_seg3d.task, trained_seg3d.x[:2], trained_seg3d.y[:2]
+    ya, mask = dag_target_c(y, cls=2, iterations=1)
+    res = DAG(task, UNIT, step_size=0.02, steps=20)(m, x, ya, target_mask=mask)
+    d = res.details
+    assert isinstance(d, DAGDetails)
+    assert set(DAGDetails.columns) == {"fooled_fraction", "iterations", "mse", "ssim", "target_region_size"}
+    torch.testing.assert_close(d.target_region_size, mask.flatten(1).sum(1))
+    hit = ((res.logits.argmax(1) == ya) & mask).flatten(1).sum(1) / mask.flatten(1).sum(1)
+    torch.testing.assert_close(d.fooled_fraction, hit.float())
+    rows = res.rows()
+    assert len(rows) == 2 and set(rows[0]) == set(DAGDetails.columns)
+    assert rows[1]["iterations"] == int(d.iterations[1])
+
+
+def test_dag_stopped_sample_never_moves_and_empty_region(trained_seg3d):
+    m, task, x, y = trained_seg3d.model, trained_seg3d.task, trained_seg3d.x[:3], trained_seg3d.y[:3]
+    ya, mask = dag_target_a(y)
+    mask[1] = False  # nothing to change in sample 1: it stops at once
+    res = DAG(task, UNIT, step_size=0.01, steps=40, check_every=4, record_trace=True)(m, x, ya, target_mask=mask)
+    assert int(res.details.iterations[1]) == 0 and torch.equal(res.x_adv[1], x[1])
+    assert (res.details.iterations[[0, 2]] > 0).all()
+    trace = res.trace["objective"]
+    assert trace.shape == (40, 3) and torch.isnan(trace[4:, 1]).all()  # left the batch at the first check
+    # the other samples ran exactly as alone (per-sample stop, batch compaction)
+    alone = DAG(task, UNIT, step_size=0.01, steps=40, check_every=4)(m, x[[0]], ya[[0]], target_mask=mask[[0]])
+    torch.testing.assert_close(alone.x_adv[0], res.x_adv[0], atol=1e-5, rtol=0)

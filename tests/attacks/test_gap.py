@@ -5,14 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+import medadv
 from medadv.attacks.base import get_attack
 from medadv.attacks.gap import GAP, GAPTrainer
+from medadv.attacks.pgd import PGD
 from medadv.data.synthetic import multiclass_blobs, multilabel_blobs
 from medadv.evaluation import evaluate
 from medadv.models import fit_supervised, small_cnn
 from medadv.models.generators import ResnetGenerator, UnetGenerator
 from medadv.tasks import MultiClass, MultiLabel, Segmentation
-from medadv.threats import L2, Linf
+from medadv.threats import L2, Box, Linf
 
 
 class Trained:
@@ -188,11 +190,15 @@ def test_segmentation_3d_least_likely_voxels():
 
 def test_registered_and_bad_inputs():
     task, g = MultiClass(), UnetGenerator(1, ngf=4)
-    assert isinstance(get_attack("gap", task, Linf(0.1, bounds=(0.0, 1.0)), g), GAP)
+    assert isinstance(get_attack("gap", task, Linf(0.1, bounds=(0.0, 1.0)), generator=g), GAP)
     with pytest.raises(TypeError, match="Linf"):
         GAP(task, L2(0.1, bounds=(0.0, 1.0)), g)
     with pytest.raises(TypeError, match="generator"):
-        GAP(task, Linf(0.1, bounds=(0.0, 1.0)), "unet")
+        GAP(task, Linf(0.1, bounds=(0.0, 1.0)), 42)
+    with pytest.raises(ValueError, match="`generator` of GAP must be one of 'unet', 'resnet'; got 'unte'; did you mean 'unet'"):
+        GAP(task, Linf(0.1, bounds=(0.0, 1.0)), "unte")
+    with pytest.raises(ValueError, match="ngf"):
+        GAP(task, Linf(0.1, bounds=(0.0, 1.0)), {"name": "resnet", "ngf": 0})
     with pytest.raises(ValueError, match="input_shape"):
         GAP(task, Linf(0.1, bounds=(0.0, 1.0)), g, universal=True)
     with pytest.raises(ValueError, match="loss"):
@@ -204,3 +210,84 @@ def test_registered_and_bad_inputs():
         GAPTrainer(atk, small_cnn(1, 4)).fit(torch.full((4, 1, 8, 8), 2.0))
 
 
+
+
+def test_gap_from_a_config_refuses_untrained_until_fitted(ml, tmp_path):
+    t = ml
+    threat = Linf(0.05, bounds=(0.0, 1.0))
+    atk = get_attack("gap", t.task, threat)  # the default generator, built by name
+    assert isinstance(atk, GAP) and not atk.trained
+    with pytest.raises(RuntimeError, match=r"untrained.*GAPTrainer.*checkpoint"):
+        atk(t.model, t.x)
+    small = get_attack("gap", t.task, threat, generator={"name": "resnet", "ngf": 4, "n_blocks": 1})
+    assert type(small.generator).__name__ == "ResnetGenerator" and small.generator.config["ngf"] == 4
+    ckpt = tmp_path / "gap.pt"
+    GAPTrainer(small, t.model, epochs=1, batch_size=32, lr=1e-2, checkpoint=ckpt).fit(t.x_train[:64])
+    assert small.trained and small.set_params(seed=1).trained
+    res = small(t.model, t.x)
+    # {checkpoint: ...} rebuilds the same attack from a config
+    again = get_attack("gap", t.task, threat, generator={"checkpoint": str(ckpt)})
+    assert again.trained and torch.equal(again(t.model, t.x).x_adv, res.x_adv)
+    assert again.fingerprint() == small.fingerprint() != atk.fingerprint()
+    with pytest.raises(ValueError, match="per_channel"):  # G was trained per channel
+        get_attack("gap", t.task, threat, generator={"checkpoint": str(ckpt)}, per_channel=False)
+    with pytest.raises(ValueError, match="no other keys"):
+        get_attack("gap", t.task, threat, generator={"checkpoint": str(ckpt), "ngf": 4})
+    with pytest.raises(FileNotFoundError):
+        get_attack("gap", t.task, threat, generator={"checkpoint": str(tmp_path / "missing.pt")})
+
+
+def test_universal_checkpoint_settings_are_adopted(ml, tmp_path):
+    t = ml
+    ckpt = tmp_path / "u.pt"
+    atk = GAP(t.task, Linf(0.05, bounds=(0.0, 1.0)), {"name": "resnet", "ngf": 4}, universal=True,
+              input_shape=tuple(t.x.shape[1:]), seed=5, output_scale=50.0)
+    GAPTrainer(atk, t.model, epochs=1, batch_size=32, lr=1e-2, checkpoint=ckpt).fit(t.x_train[:64])
+    again = GAP(t.task, Linf(0.05, bounds=(0.0, 1.0)), {"checkpoint": ckpt})
+    assert again.universal and again.input_shape == atk.input_shape and again.output_scale == 50.0
+    assert torch.equal(again.noise, atk.noise)
+    assert torch.equal(again(t.model, t.x).x_adv, atk(t.model, t.x).x_adv)
+
+
+def test_output_scale_is_relative_to_the_data_range():
+    g = UnetGenerator(1, ngf=4).eval()
+    x = torch.rand(2, 1, 8, 8)
+    with torch.no_grad():
+        unit = GAP(MultiClass(), Linf(0.5, bounds=(0.0, 1.0)), g).raw(x)
+        hu = GAP(MultiClass(), Linf(0.5, bounds=Box(-1000.0, 1000.0)), g).raw(x)
+        free = GAP(MultiClass(), Linf(0.5, bounds=None), g, output_scale=3.0).raw(x)
+        gx = g(x)
+    assert torch.allclose(unit, 100.0 * gx) and torch.allclose(hu, 2000.0 * unit)
+    assert torch.allclose(free, 3.0 * gx)  # unbounded: data units
+
+
+def test_gap_output_is_exactly_inside_the_box_so_pgd_accepts_it():
+    # regression: the straight-through clip x + (clip(x) - x).detach() left values one ulp outside the box
+    torch.manual_seed(0)
+    model = small_cnn(3, 4, width=4).eval()
+    lo = torch.tensor([-0.37, 0.11, -1.3]).reshape(3, 1, 1)
+    hi = torch.tensor([0.61, 0.93, 2.7]).reshape(3, 1, 1)
+    x = lo + (hi - lo) * torch.rand(16, 3, 12, 12)
+    threat = Linf(0.3, bounds=(lo, hi))
+    gen = ResnetGenerator(3, ngf=4, norm="instance")
+    atk = GAP(MultiClass(), threat, gen)
+    u = atk.scale(atk.raw(x))
+    old = (x + u) + (threat.clip(x + u) - (x + u))  # the former forward value
+    assert bool(((old < lo) | (old > hi)).any())  # the data do hit the rounding problem
+    res = atk(model, x)
+    assert bool(((res.x_adv >= lo) & (res.x_adv <= hi)).all())
+    assert float(res.linf.max()) <= 0.3 + 1e-6
+    PGD(MultiClass(), threat, steps=1)(model, res.x_adv)  # accepted as an input of the same box
+
+
+def test_gap_declares_its_parameters_and_is_exported():
+    GAP.check_declarations()
+    assert medadv.GAPTrainer is GAPTrainer and GAPTrainer.__module__ == "medadv.training.gap"
+    atk = GAP(MultiClass(), Linf(0.1, bounds=(0.0, 1.0)), "resnet", loss="neg_true_logprob")
+    params = atk.get_params()
+    assert set(params) == {"generator", "universal", "input_shape", "per_channel", "loss", "output_scale",
+                           "targeted", "seed"}
+    assert params["loss"] == "neg_true_logprob" and params["output_scale"] == 100.0
+    assert "generator=ResnetGenerator(kind='resnet'" in repr(atk) and "\n" not in repr(atk)
+    with pytest.raises(ValueError, match="output_scale"):
+        GAP(MultiClass(), Linf(0.1, bounds=(0.0, 1.0)), "unet", output_scale=0.0)

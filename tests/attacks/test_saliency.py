@@ -36,7 +36,8 @@ def test_relevance_lowers_map_ssim_and_keeps_prediction(ml, goal):
     model, task, x, _ = ml
     threat = Linf(0.06, bounds=(0.0, 1.0))
     x0, state = x.clone(), {k: v.clone() for k, v in model.state_dict().items()}
-    res = SaliencyRelevance(task, threat, Gradient(), goal=goal, k=25, steps=60, lr=2e-3, max_prob_change=0.05)(model, x)
+    res = SaliencyRelevance(task, threat, Gradient(), goal=goal, k=25, steps=60, step_size=2e-3,
+                            max_prob_change=0.05)(model, x)
     sim = res.extras["similarity"]
     assert sim["ssim"].mean() < 0.8  # clean map vs itself is 1.0
     assert res.extras["admissible"].all()
@@ -59,7 +60,7 @@ def test_relevance_lowers_map_ssim_and_keeps_prediction(ml, goal):
                          ids=lambda e: e.name)
 def test_relevance_other_methods(ml, expl):
     model, task, x, _ = ml
-    res = SaliencyRelevance(task, Linf(0.06, bounds=(0.0, 1.0)), expl, goal="topk", steps=25, lr=3e-3)(model, x[:4])
+    res = SaliencyRelevance(task, Linf(0.06, bounds=(0.0, 1.0)), expl, goal="topk", steps=25, step_size=3e-3)(model, x[:4])
     assert res.extras["similarity"]["ssim"].mean() < 0.9
     assert not res.fooled.any()
 
@@ -67,15 +68,15 @@ def test_relevance_other_methods(ml, expl):
 def test_resistance_flips_while_map_stays_close(ml):
     model, task, x, _ = ml
     threat = Linf(0.1, bounds=(0.0, 1.0))
-    kw = dict(steps=40, lr=0.01, prefactors=(1e6, 1.0))
-    res = SaliencyResistance(task, threat, Gradient(), beta=(10.0, 100.0), **kw)(model, x)
+    kw = dict(steps=40, step_size=0.01, prefactors=(1e6, 1.0))
+    res = SaliencyResistance(task, threat, Gradient(), softplus_beta=(10.0, 100.0), **kw)(model, x)
     flipped = res.extras["flipped"]
     assert flipped.float().mean() >= 0.75
     assert res.fooled[flipped].all()
     ssim = res.extras["similarity"]["ssim"][flipped]
     assert ssim.mean() > 0.85
     # without the surrogate the map term has no gradient on this ReLU net: the map drifts much more
-    plain = SaliencyResistance(task, threat, Gradient(), beta=None, **kw)(model, x)
+    plain = SaliencyResistance(task, threat, Gradient(), softplus_beta=None, **kw)(model, x)
     f2 = plain.extras["flipped"]
     assert ssim.mean() > plain.extras["similarity"]["ssim"][f2].mean() + 0.1
     assert (res.linf <= 0.1 + 1e-6).all()
@@ -83,15 +84,15 @@ def test_resistance_flips_while_map_stays_close(ml):
 
 def test_resistance_multiclass_and_sign_steps(trained_multiclass):
     t = trained_multiclass
-    res = SaliencyResistance(t.task, Linf(0.2, bounds=(0.0, 1.0)), Gradient(), optimizer="sign", steps=20, lr=0.02,
-                             beta=20.0)(t.model, t.x[:6])
+    res = SaliencyResistance(t.task, Linf(0.2, bounds=(0.0, 1.0)), Gradient(), optimizer="sign", steps=20, step_size=0.02,
+                             softplus_beta=20.0)(t.model, t.x[:6])
     assert res.fooled.float().mean() >= 0.5
     assert (res.linf <= 0.2 + 1e-6).all()
 
 
 def test_relevance_segmentation_3d_with_l2(trained_seg3d):
     t = trained_seg3d
-    res = SaliencyRelevance(t.task, L2(2.0, bounds=(0.0, 1.0)), Gradient(), goal="center", steps=10, lr=5e-3,
+    res = SaliencyRelevance(t.task, L2(2.0, bounds=(0.0, 1.0)), Gradient(), goal="center", steps=10, step_size=5e-3,
                             keep_fraction=0.95)(t.model, t.x[:2])
     assert res.extras["map"].shape == (2, 16, 16, 16)
     assert res.extras["similarity"]["com_shift"].mean() > 0
@@ -101,10 +102,11 @@ def test_relevance_segmentation_3d_with_l2(trained_seg3d):
 
 def test_best_so_far_is_deterministic_and_registered(ml):
     model, task, x, _ = ml
-    a = get_attack("saliency_relevance", task, Linf(0.03, bounds=(0.0, 1.0)), Gradient(), goal="topk", steps=5, lr=1e-3)
+    a = get_attack("saliency_relevance", task, Linf(0.03, bounds=(0.0, 1.0)), explanation=Gradient(), goal="topk",
+                   steps=5, step_size=1e-3)
     r1, r2 = a(model, x[:2]), a(model, x[:2])
     assert torch.equal(r1.x_adv, r2.x_adv)
-    assert get_attack("saliency_resistance", task, Linf(0.03, bounds=(0, 1)), Gradient()).steps == RESISTANCE_STEPS["gradient"]
+    assert get_attack("saliency_resistance", task, Linf(0.03, bounds=(0, 1))).steps == RESISTANCE_STEPS["gradient"]
 
 
 def test_square_target():
@@ -119,7 +121,8 @@ def test_square_target():
 
 def test_map_ssim_of_attack_equals_extras(ml):
     model, task, x, _ = ml
-    res = SaliencyRelevance(task, Linf(0.03, bounds=(0.0, 1.0)), Gradient(), goal="topk", steps=3, lr=1e-3)(model, x[:2])
+    res = SaliencyRelevance(task, Linf(0.03, bounds=(0.0, 1.0)), Gradient(), goal="topk", steps=3,
+                            step_size=1e-3)(model, x[:2])
     torch.testing.assert_close(map_ssim(res.extras["map"], res.extras["map_adv"]), res.extras["similarity"]["ssim"])
 
 
@@ -127,13 +130,15 @@ def test_bad_arguments(ml):
     model, task, x, _ = ml
     th = Linf(0.03, bounds=(0.0, 1.0))
     with pytest.raises(TypeError, match="explanation"):
-        SaliencyRelevance(task, th, "gradient")
+        SaliencyRelevance(task, th, 3)
+    with pytest.raises(ValueError, match="did you mean 'gradient'"):
+        SaliencyRelevance(task, th, "gradeint")
     with pytest.raises(ValueError, match="goal"):
         SaliencyRelevance(task, th, Gradient(), goal="nope")
     with pytest.raises(ValueError, match="optimizer"):
         SaliencyRelevance(task, th, Gradient(), optimizer="sgd")
-    with pytest.raises(ValueError, match="beta"):
-        SaliencyRelevance(task, th, Gradient(), beta=-1.0)
+    with pytest.raises(ValueError, match="softplus_beta"):
+        SaliencyRelevance(task, th, Gradient(), softplus_beta=-1.0)
     with pytest.raises(ValueError, match="targeted"):
         SaliencyResistance(task, th, Gradient(), targeted=True)
     with pytest.raises(ValueError, match="bounds"):
@@ -146,7 +151,7 @@ def test_figure_of_an_attack(ml, tmp_path):
     from medadv.report.saliency_figures import plot_saliency_attack
 
     model, task, x, _ = ml
-    res = SaliencyRelevance(task, Linf(0.03, bounds=(0.0, 1.0)), Gradient(), steps=2, lr=1e-3)(model, x[:2])
+    res = SaliencyRelevance(task, Linf(0.03, bounds=(0.0, 1.0)), Gradient(), steps=2, step_size=1e-3)(model, x[:2])
     fig = plot_saliency_attack(x[:2], res.x_adv, res.extras["map"], res.extras["map_adv"],
                                target_map=res.extras["target_map"], path=tmp_path / "f" / "rel.png")
     assert (tmp_path / "f" / "rel.png").stat().st_size > 1000
@@ -166,6 +171,154 @@ def test_relevance_runs_on_a_multiclass_model_and_keeps_the_class():
     torch.manual_seed(0)
     clf = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.Softplus(), nn.Flatten(), nn.Linear(4 * 8 * 8, 3)).eval()
     x = torch.rand(2, 1, 8, 8)
-    res = SaliencyRelevance(MultiClass(), Linf(0.05, bounds=(0.0, 1.0)), Gradient(), steps=3, lr=1e-2)(clf, x)
+    res = SaliencyRelevance(MultiClass(), Linf(0.05, bounds=(0.0, 1.0)), Gradient(), steps=3, step_size=1e-2)(clf, x)
     assert torch.equal(clf(res.x_adv).argmax(1), clf(x).argmax(1))
     assert float((res.x_adv - x).abs().max()) <= 0.05 + 1e-6
+
+
+# --- engine v2: config, declared params, typed results (issue 13 §1, 3, 5, 6) -------------------------------------
+def _tiny():
+    from torch import nn
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(),
+                        nn.Flatten(), nn.Linear(4 * 8 * 8, 3)).eval()
+    return net, torch.rand(4, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+
+
+def test_built_from_a_config_with_defaults_and_an_explanation_mapping():
+    from medadv.attacks.relevance import RelevanceDetails
+    from medadv.attacks.resistance import ResistanceDetails
+    from medadv.tasks import MultiClass
+
+    net, x = _tiny()
+    th = Linf(0.05, bounds=(0.0, 1.0))
+    rel = get_attack("saliency_relevance", MultiClass(), th)
+    assert isinstance(rel.explanation, Gradient) and rel.steps == 200 and rel.alpha == pytest.approx(2e-4)
+    res = get_attack("saliency_resistance", MultiClass(), th, explanation={"name": "gradcam", "layer": "2"}, steps=3)
+    assert isinstance(res.explanation, GradCAM) and res.explanation.layer == "2"
+    assert get_attack("saliency_resistance", MultiClass(), th, explanation={"name": "gradcam", "layer": "2"}
+                      ).steps == RESISTANCE_STEPS["gradcam"]
+    out = res(net, x)
+    assert isinstance(out.details, ResistanceDetails)
+    rows = out.rows()
+    assert set(rows[0]) == {"admissible", "flipped", "map_ssim", "map_pearson", "map_spearman", "map_mse", "map_topk",
+                            "map_com_shift", "map_jsd"}
+    assert [r["flipped"] for r in rows] == out.details.flipped.tolist() == out.details.admissible.tolist()
+    out = get_attack("saliency_relevance", MultiClass(), th, steps=2, goal="topk")(net, x)
+    assert isinstance(out.details, RelevanceDetails) and out.details.target_map is None
+    assert out.rows()[0]["prob_change"] == pytest.approx(float(out.details.prob_change[0]))
+    torch.testing.assert_close(out.details.map_pearson, out.details.similarity["pearson"])
+    torch.testing.assert_close(out.details.map_ssim, out.details.similarity["ssim"])
+    assert [r["map_topk"] for r in out.rows()] == out.details.similarity["topk"].tolist()
+
+
+def test_params_round_trip_fingerprints_and_deprecated_names():
+    from medadv.params import InvalidParameterError
+    from medadv.tasks import MultiClass
+    from medadv.threats import Box
+
+    th = Linf(0.05, bounds=(0.0, 1.0))
+    SaliencyRelevance.check_declarations()
+    SaliencyResistance.check_declarations()
+    a = SaliencyRelevance(MultiClass(), th, {"name": "gradcam", "layer": "2"}, goal="topk", steps=7)
+    p = a.get_params()
+    assert p["steps"] == 7 and p["step_size"] is None and p["softplus_beta"] == (10.0, 100.0)
+    b = get_attack("saliency_relevance", MultiClass(), th, **{**p, "explanation": p["explanation"].config()})
+    assert b.fingerprint() == a.fingerprint()
+    assert a.set_params(explanation={"name": "gradcam", "layer": "0"}).fingerprint() != a.fingerprint()
+    assert a.set_params(k=3).fingerprint() != a.fingerprint()
+    # resistance: steps=None follows the explanation
+    r = SaliencyResistance(MultiClass(), th)
+    assert r.steps == 8 and r.set_params(explanation="smoothgrad").steps == 50
+    with pytest.warns(FutureWarning, match="`lr`"):
+        old = SaliencyRelevance(MultiClass(), th, lr=1e-3)
+    with pytest.warns(FutureWarning, match="`beta`"):
+        old2 = get_attack("saliency_resistance", MultiClass(), th, beta=20.0)
+    assert old.step_size == 1e-3 and old2.softplus_beta == (20.0, 20.0)
+    with pytest.raises(InvalidParameterError, match="`steps` of SaliencyRelevance must be None or an integer >= 1"):
+        SaliencyRelevance(MultiClass(), th, steps=2.5)
+    with pytest.raises(InvalidParameterError, match="did you mean 'softplus_beta'"):
+        get_attack("saliency_relevance", MultiClass(), th, softplus_bta=3.0)
+    # the step size default is in data units: 2e-4 of the box's range; unbounded boxes need one
+    assert SaliencyRelevance(MultiClass(), Linf(5.0, bounds=(0.0, 255.0))).alpha == pytest.approx(2e-4 * 255)
+    with pytest.raises(InvalidParameterError, match="step_size.*unbounded"):
+        SaliencyRelevance(MultiClass(), Linf(0.1, bounds=Box.unbounded()))
+    assert SaliencyRelevance(MultiClass(), Linf(0.1, bounds=Box.unbounded()), step_size=0.01).alpha == 0.01
+
+
+def _reference_relevance(model, x, expl, label, steps, lr, betas, g_s, g_p, target):
+    """The pre-engine loop, kept as the reference: torch.optim.Adam on δ, β per step, best admissible kept."""
+    from medadv.explain import set_softplus_beta, softplus_surrogate
+
+    threat = Linf(0.05, bounds=(0.0, 1.0))
+    sur = softplus_surrogate(model, betas[0])
+    with torch.no_grad():
+        logits0 = model(x)
+    p0, pred0 = logits0.softmax(1), logits0.argmax(1)
+
+    def crit(m):
+        return (m - target).pow(2).flatten(1).mean(1)
+
+    best, best_score = x.clone(), crit(expl.compute(model, x, label))
+    delta = torch.zeros_like(x, requires_grad=True)
+    opt = torch.optim.Adam([delta], lr=lr)
+    for t in range(steps):
+        set_softplus_beta(sur, betas[t])
+        m = expl.compute(sur, x + delta, label, create_graph=True)
+        loss = g_s * crit(m) + g_p * (sur(x + delta).softmax(1) - p0).pow(2).mean(1)
+        (delta.grad,) = torch.autograd.grad(loss.sum(), delta)
+        opt.step()
+        with torch.no_grad():
+            delta.copy_(threat.finalize(x, x + delta) - x)
+            xa = x + delta
+            ok = model(xa).argmax(1) == pred0
+            s = crit(expl.compute(model, xa, label))
+            better = ok & (s < best_score)
+            best = torch.where(better[:, None, None, None], xa, best)
+            best_score = torch.where(better, s, best_score)
+    return best
+
+
+def test_engine_port_equals_the_reference_adam_loop():
+    from medadv.attacks.saliency import square_target
+    from medadv.explain import beta_schedule
+    from medadv.tasks import MultiClass
+
+    net, x = _tiny()
+    label = net(x).argmax(1)
+    g_s, g_p = 1e7, 1e4
+    res = SaliencyRelevance(MultiClass(), Linf(0.05, bounds=(0.0, 1.0)), "gradient", steps=8, step_size=5e-3,
+                            prefactors=(g_s, g_p), softplus_beta=(10.0, 100.0))(net, x)
+    t = square_target((8, 8)).expand(4, 8, 8)
+    ref = _reference_relevance(net, x, Gradient(), label, 8, 5e-3, beta_schedule(10.0, 100.0, 8), g_s, g_p, t)
+    assert not torch.equal(ref, x)  # the reference moved
+    torch.testing.assert_close(res.x_adv, ref, atol=1e-6, rtol=0)
+
+
+def test_samples_never_admissible_keep_the_last_iterate_and_trace_is_the_loss():
+    from medadv.tasks import MultiClass
+
+    net, x = _tiny()
+    # ε = 0: the ball is the clean point, so every iterate equals x; resistance can never flip
+    kw = dict(steps=3, step_size=0.01, softplus_beta=20.0, record_trace=True)
+    out = SaliencyResistance(MultiClass(), Linf(0.0, bounds=(0.0, 1.0)), **kw)(net, x)
+    assert not out.details.admissible.any() and torch.equal(out.x_adv, x)
+    assert out.trace["loss"].shape == (3, 4) and (out.trace["loss"] > 0).all()  # CE + map MSE: positive
+    # with a budget the samples that flip are admissible; the others get the last (moved) iterate
+    out = SaliencyResistance(MultiClass(), Linf(0.3, bounds=(0.0, 1.0)), optimizer="sign", steps=6,
+                             step_size=0.1, softplus_beta=20.0)(net, x)
+    assert out.details.admissible.any()
+    assert (out.linf[~out.details.admissible] > 0).all()
+    assert torch.equal(out.fooled, out.details.flipped)
+
+
+def test_default_target_of_a_volume_is_the_square_on_every_slice():
+    from medadv.tasks import Segmentation
+
+    a = SaliencyRelevance(Segmentation(3), Linf(0.05, bounds=(0.0, 1.0)))
+    t = a._target(torch.zeros(2, 4, 64, 64))
+    assert t.shape == (2, 4, 64, 64)
+    torch.testing.assert_close(t.flatten(1).sum(1), torch.ones(2))
+    for d in range(4):
+        torch.testing.assert_close(t[0, d] * 4, square_target((64, 64)))

@@ -11,8 +11,10 @@ from torch import nn
 from medadv.attacks.pgd import PGD
 from medadv.defenses import PGDAT, TRADES, MAAdvT, MPAdvT
 from medadv.defenses.trainer import draw_seed
+from medadv.params import InvalidParameterError
+from medadv.runtime import attack_mode
 from medadv.tasks import MultiClass, MultiLabel
-from medadv.threats import Linf
+from medadv.threats import Box, Linf
 
 NAT = [[2.0, 0.0, -1.0], [0.5, 1.5, 0.0]]
 ADV = [[1.0, 0.5, -1.0], [0.2, 0.3, 1.0]]
@@ -209,6 +211,7 @@ def test_mpadvt_draws_and_loss():
 
 @pytest.mark.parametrize("make, match", [
     (lambda: PGDAT("eps"), "threat"), (lambda: PGDAT(THREAT, steps=0), "steps"),
+    (lambda: PGDAT(Box(0.0, 1.0)), "threat"), (lambda: TRADES(THREAT, step_size=-0.1), "step_size"),
     (lambda: MPAdvT((0.0, 1.0), eps_range=(0.05, 0.01)), "eps_range"),
     (lambda: MPAdvT((0.0, 1.0), steps_range=(0, 3)), "steps_range"),
     (lambda: MPAdvT((0.0, 1.0), p_adv=2.0), "p_adv"), (lambda: MPAdvT((1.0, 0.0)), "bounds"),
@@ -217,3 +220,66 @@ def test_mpadvt_draws_and_loss():
 def test_bad_arguments(make, match):
     with pytest.raises((ValueError, TypeError), match=match):
         make()
+
+
+def test_trades_kl_attack_with_active_set_matches_full_batch_on_samples_never_stopped():
+    # regression: the KL reference was one full-batch tensor, so compacting the active set crashed with a
+    # shape mismatch; it is now per-sample engine state that follows the active set
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 3)).eval()
+    x, task = torch.rand(32, 4), MultiClass()
+    with torch.no_grad():
+        y = model(x).argmax(1)
+    strategy = TRADES(Linf(0.3, bounds=(0.0, 1.0)), steps=6)
+    full = strategy.inner_attack(task, seed=3)(model, x, y)
+    active = strategy.inner_attack(task, seed=3, active_set=True)
+    res = active(model, x, y)
+    with attack_mode(model):
+        out = active.run(model, x, y, model(x))
+    assert torch.equal(out.x_adv, res.x_adv)
+    never = out.iterations == 6  # samples the active set never stopped
+    assert 0 < int(never.sum()) < x.shape[0]  # the batch really was compacted
+    assert torch.equal(res.x_adv[never], full.x_adv[never])
+    assert not torch.equal(res.x_adv[~never], full.x_adv[~never])  # stopped samples stayed where they were fooled
+
+
+def test_strategies_declare_their_parameters():
+    for s in (PGDAT(THREAT, steps=3), TRADES(THREAT, beta=2.0), MAAdvT(THREAT, boosted_ce=False),
+              MPAdvT((0.0, 1.0), p_adv=0.25)):
+        type(s).check_declarations()
+        again = type(s)(getattr(s, type(s).positional[0]), **s.get_params())
+        assert again.fingerprint() == s.fingerprint()
+        assert s.set_params(**{k: v for k, v in s.get_params().items()}).fingerprint() == s.fingerprint()
+    assert TRADES(THREAT).fingerprint() != TRADES(THREAT, beta=2.0).fingerprint()
+    assert TRADES(THREAT).fingerprint() != TRADES(Linf(0.2, bounds=(0.0, 1.0))).fingerprint()
+    assert MAAdvT(THREAT, steps=3).get_params() == {"steps": 3, "step_size": None, "beta": 6.0, "boosted_ce": True,
+                                                   "detach_weight": False}
+    assert repr(TRADES(THREAT, beta=2.0)) == "TRADES(threat=Linf(eps=0.1, bounds=(0, 1)), beta=2.0)"
+    assert TRADES(THREAT, steps=5.0).steps == 5  # converted, not truncated
+    with pytest.raises(InvalidParameterError, match="`steps` of TRADES must be an integer >= 1; got 2.5"):
+        TRADES(THREAT, steps=2.5)
+
+
+def test_mpadvt_eps_and_step_are_fractions_of_the_data_range():
+    g = torch.Generator().manual_seed(0)
+    unit, wide = MPAdvT((0.0, 1.0)), MPAdvT(Box(-1000.0, 1000.0))  # CT in HU: range 2000
+    for _ in range(20):
+        a, b = unit.draw(_clone(g)), wide.draw(g)
+        assert a[0] == b[0] and a[2] == b[2] and b[1] == pytest.approx(2000 * a[1])
+    # the PGD it runs uses ε and α in data units: identical steps on rescaled data and model
+    model, task = Recorder().train(), MultiClass()
+    always = dict(p_adv=1.0, eps_range=(0.2, 0.3), steps_range=(2, 2), step_size=0.05)
+    lin = model.lin
+    scaled = nn.Sequential(nn.Linear(2, 3))
+    with torch.no_grad():
+        scaled[0].weight.copy_(lin.weight / 10.0)
+        scaled[0].bias.copy_(lin.bias)
+    got_unit = MPAdvT((0.0, 1.0), **always).loss(model, X, T(Y), task, torch.Generator().manual_seed(4))
+    got_wide = MPAdvT((0.0, 10.0), **always).loss(scaled.train(), 10 * X, T(Y), task, torch.Generator().manual_seed(4))
+    assert float(got_wide.detach()) == pytest.approx(float(got_unit.detach()), rel=1e-5)
+    with pytest.raises(InvalidParameterError, match="bounded"):
+        MPAdvT(Box.unbounded())
+    with pytest.raises(InvalidParameterError, match="box"):
+        MPAdvT(THREAT)
+    with pytest.warns(FutureWarning, match="bounds"):
+        assert MPAdvT(bounds=(0.0, 1.0)).box == Box(0.0, 1.0)

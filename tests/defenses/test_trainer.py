@@ -11,6 +11,8 @@ from medadv.defenses import PGDAT, TRADES, AdversarialTrainer, MAAdvT, MPAdvT, T
 from medadv.models import fit_supervised, small_cnn, small_unet
 from medadv.tasks import MultiClass, MultiLabel, Segmentation
 from medadv.threats import Linf
+from medadv.training import Fitter, GAPTrainer
+from medadv.training import fit_supervised as fit_supervised_impl
 
 
 def _accuracies(model, task, x, y, threat):
@@ -124,6 +126,8 @@ def test_bad_arguments():
         AdversarialTrainer(model, task, "pgd")
     with pytest.raises(ValueError, match="epochs"):
         AdversarialTrainer(model, task, strategy, epochs=0)
+    with pytest.raises(ValueError, match="`batch_size` of AdversarialTrainer must be an integer >= 1; got 2.5"):
+        AdversarialTrainer(model, task, strategy, batch_size=2.5)
     with pytest.raises(TypeError, match="optimizer"):
         AdversarialTrainer(model, task, strategy, optimizer="adam")
     trainer = AdversarialTrainer(model, task, strategy, epochs=1)
@@ -134,3 +138,62 @@ def test_bad_arguments():
         trainer.fit(x, torch.full((4,), 9))
     with pytest.raises(ValueError, match="NaN"):
         trainer.fit(torch.full((4, 1, 16, 16), float("nan")), torch.zeros(4, dtype=torch.long))
+
+
+def _reference_supervised(model, task, x, y, epochs, batch_size, lr, seed):
+    """The hand-written loop fit_supervised used before it moved onto the shared loop."""
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(epochs):
+        perm = torch.randperm(x.shape[0], generator=gen)
+        for i in range(0, x.shape[0], batch_size):
+            idx = perm[i:i + batch_size]
+            loss = task.loss(model(x[idx]), y[idx]).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    model.eval()
+
+
+def test_fit_supervised_on_the_shared_loop_same_weights_and_exact_resume(tmp_path):
+    x, y = multiclass_blobs(n=40, num_classes=4, seed=3)
+    task = MultiClass()
+
+    def fresh():
+        torch.manual_seed(1)
+        return small_cnn(1, 4, width=4)
+
+    ref = fresh()
+    _reference_supervised(ref, task, x, y, epochs=3, batch_size=16, lr=1e-2, seed=2)
+    full = fresh()
+    history = fit_supervised(full, task, x, y, epochs=3, batch_size=16, lr=1e-2, seed=2)
+    assert fit_supervised is not fit_supervised_impl and len(history) == 3 and not full.training
+    for (k, a), b in zip(ref.state_dict().items(), full.state_dict().values(), strict=True):
+        assert torch.equal(a, b), k
+
+    ckpt = tmp_path / "sup.pt"
+    part = fresh()
+    fit_supervised(part, task, x, y, epochs=2, batch_size=16, lr=1e-2, seed=2, checkpoint=ckpt)  # "interrupted"
+    resumed = fresh()
+    assert fit_supervised(resumed, task, x, y, epochs=3, batch_size=16, lr=1e-2, seed=2, checkpoint=ckpt) == pytest.approx(history)
+    for (k, a), b in zip(full.state_dict().items(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(a, b), k
+
+
+def test_one_loop_for_every_trainer():
+    assert issubclass(AdversarialTrainer, Fitter) and issubclass(GAPTrainer, Fitter)
+    for name in ("run", "_save", "_resume"):  # nobody re-implements the loop, the checkpoint or the resume
+        assert getattr(AdversarialTrainer, name) is getattr(Fitter, name)
+        assert getattr(GAPTrainer, name) is getattr(Fitter, name)
+
+
+def test_resume_refuses_a_checkpoint_of_another_strategy(tmp_path):
+    x, y = multiclass_blobs(n=16, num_classes=4, seed=0)
+    task, ckpt = MultiClass(), tmp_path / "a.pt"
+    model = small_cnn(1, 4, width=4)
+    AdversarialTrainer(model, task, PGDAT(Linf(0.03, bounds=(0.0, 1.0)), steps=1), epochs=1, batch_size=16,
+                       checkpoint=ckpt).fit(x, y)
+    with pytest.raises(ValueError, match="strategy 'pgd_at'"):
+        AdversarialTrainer(model, task, TRADES(Linf(0.03, bounds=(0.0, 1.0)), steps=1), epochs=2,
+                           checkpoint=ckpt).fit(x, y)

@@ -12,6 +12,7 @@ from medadv.dct import dct
 from medadv.defenses.base import TrainingStrategy
 from medadv.defenses.vaft import VAFT, frequency_consistency
 from medadv.tasks import MultiClass, Segmentation
+from medadv.threats import Box
 
 
 def test_frequency_consistency_formula():
@@ -51,7 +52,7 @@ def test_vaft_training_steps_lower_the_loss(trained_seg3d):
 def test_vaft_with_a_custom_attack_and_weights(trained_seg2d):
     model = copy.deepcopy(trained_seg2d.model).train()
     task = trained_seg2d.task
-    attack = VAFA2D(task, bounds=(0.0, 1.0), block=8, steps=2)
+    attack = VAFA2D(task, Box(0.0, 1.0), block=8, steps=2)
     only_clean = VAFT(attack, adv_weight=0.0, freq_weight=0.0)
     x, y = trained_seg2d.x[:2], trained_seg2d.y[:2]
     loss = only_clean.loss(model, x, y, task, torch.Generator())
@@ -64,3 +65,17 @@ def test_vaft_bad_input(trained_seg3d):
         VAFT(bounds=(0.0, 1.0), freq_weight=-1)
     with pytest.raises(TypeError, match="Segmentation"):
         VAFT(bounds=(0.0, 1.0)).loss(trained_seg3d.model, trained_seg3d.x, trained_seg3d.y, MultiClass(), torch.Generator())
+
+
+def test_vaft_declared_params_and_early_attack_kwargs_checks():
+    s = VAFT(bounds=(0.0, 1.0), adv_weight=0.5, attack_kwargs={"block": 8})
+    params = s.get_params()
+    assert params["bounds"] == Box(0.0, 1.0) and params["adv_weight"] == 0.5 and params["attack"] is None
+    with pytest.raises(ValueError, match="clean_weight"):
+        VAFT(bounds=(0.0, 1.0), clean_weight="1")
+    with pytest.raises(ValueError, match="did you mean 'steps'"):
+        VAFT(bounds=(0.0, 1.0), attack_kwargs={"stepz": 3})  # misspelt: fails when built, not at batch 1
+    with pytest.raises(ValueError, match="bounds"):
+        VAFT()
+    with pytest.warns(FutureWarning, match="q_step"):
+        VAFT(bounds=Box(0.0, 1.0), attack_kwargs={"q_step": 2.0})

@@ -34,7 +34,7 @@ METHODS = [
     Gradient(),
     GradientXInput(),
     IntegratedGradients(n_steps=4),
-    SmoothGrad(n_samples=3, sigma=0.05, seed=1),
+    SmoothGrad(n_samples=3, sigma=0.05, seed=1),  # sigma relative to each sample's range
     GradCAM("2"),
 ]
 
@@ -195,3 +195,120 @@ def test_set_softplus_beta_leaves_the_models_own_softplus_alone():
     s = softplus_surrogate(m, 10.0)
     set_softplus_beta(s, 50.0)
     assert s[1].beta == 50.0 and s[3].beta == 1.0
+
+
+# --- attack mode at the entry points (issue 13 §8) ------------------------------------------------------------------
+class _TrainModeNet(nn.Module):
+    """BatchNorm (running statistics) and dropout: both change the output in train mode."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.features = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Dropout(0.5),
+                                      nn.Conv2d(4, 4, 3, padding=1), nn.ReLU())
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))
+
+    def forward(self, x):
+        return self.head(self.features(x))
+
+
+@pytest.mark.parametrize("method", [Gradient(), GradientXInput(), IntegratedGradients(n_steps=3),
+                                    SmoothGrad(n_samples=2), GradCAM("features.4")], ids=lambda m: m.name)
+def test_entry_points_run_a_train_mode_model_in_eval_mode_and_restore_it(method):
+    net = _TrainModeNet()
+    with torch.no_grad():  # non-trivial running statistics
+        net.features[1].running_mean.uniform_(-0.5, 0.5)
+        net.features[1].running_var.uniform_(0.5, 2.0)
+    net.train()
+    net.head[2].weight.requires_grad_(False)  # a mixed requires_grad pattern must come back as it was
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    flags = [p.requires_grad for p in net.parameters()]
+    x = torch.rand(2, 2, 6, 6, generator=torch.Generator().manual_seed(1))
+    t = torch.tensor([0, 2])
+
+    maps = [method(net, x, t), method.compute(net, x, t), class_maps(method, net, x, classes=[0, 2])[:, 0]]
+    assert all(m.training for m in net.modules())
+    assert [p.requires_grad for p in net.parameters()] == flags
+    assert all(torch.equal(v, state[k]) for k, v in net.state_dict().items())  # BN statistics untouched
+    assert all(p.grad is None for p in net.parameters())
+    ref = method.map(net.eval(), x, t)  # the eval-mode map
+    torch.testing.assert_close(maps[0], ref)
+    torch.testing.assert_close(maps[1], ref)
+    torch.testing.assert_close(maps[2][0], ref[0])
+    # in train mode (dropout, batch statistics) the map would differ: the test above is not vacuous
+    assert not torch.allclose(method.map(net.train(), x, t), ref)
+
+
+# --- declared parameters and the registry -----------------------------------------------------------------------------
+def test_registry_builds_by_name_and_mapping_with_did_you_mean():
+    from medadv.explain import available_explanations, get_explanation
+    from medadv.params import InvalidParameterError
+
+    assert available_explanations() == ["gradcam", "gradient", "gradient_x_input", "integrated_gradients", "smoothgrad"]
+    assert isinstance(get_explanation("Gradient"), Gradient)
+    cam = get_explanation({"name": "gradcam", "layer": "features.denseblock4"})
+    assert isinstance(cam, GradCAM) and cam.layer == "features.denseblock4"
+    sg = get_explanation("smoothgrad", n_samples=4, sigma=0.1)
+    assert (sg.n_samples, sg.sigma, sg.relative) == (4, 0.1, True)
+    for e in (cam, sg, IntegratedGradients(n_steps=3, method="gausslegendre"), Gradient()):
+        again = get_explanation(e.config())
+        assert type(again) is type(e) and again.get_params() == e.get_params()
+        assert again.fingerprint() == e.fingerprint()
+    assert GradCAM("a").fingerprint() != GradCAM("b").fingerprint()
+    with pytest.raises(InvalidParameterError, match="did you mean 'gradcam'"):
+        get_explanation("grad_cam")
+    with pytest.raises(InvalidParameterError, match="requires `layer`"):
+        get_explanation("gradcam")
+    with pytest.raises(InvalidParameterError, match="did you mean 'n_samples'"):
+        get_explanation({"name": "smoothgrad", "nsamples": 3})
+    with pytest.raises(InvalidParameterError, match="needs a `name`"):
+        get_explanation({"layer": "x"})
+
+
+def test_explanation_params_are_declared_and_validated():
+    from medadv.params import InvalidParameterError
+
+    for cls in (Gradient, GradientXInput, IntegratedGradients, SmoothGrad, GradCAM):
+        cls.check_declarations()
+    with pytest.raises(InvalidParameterError, match="`n_steps` of IntegratedGradients must be an integer >= 1; got 2.5"):
+        IntegratedGradients(n_steps=2.5)
+    with pytest.raises(InvalidParameterError, match="did you mean 'riemann_left'"):
+        IntegratedGradients(method="riemann_lft")
+    with pytest.raises(InvalidParameterError, match="sigma"):
+        SmoothGrad(sigma=-0.1)
+    with pytest.raises(InvalidParameterError, match="layer"):
+        GradCAM("")
+    assert repr(SmoothGrad(n_samples=4)) == "SmoothGrad(n_samples=4)"
+
+
+def test_smoothgrad_sigma_is_relative_to_each_samples_range():
+    net = _net()
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(2, 2, 6, 6, generator=g, dtype=torch.float64)
+    x[1] *= 0.3  # a second sample with a smaller range
+    t = torch.tensor([0, 1])
+    span = x.flatten(1).amax(1) - x.flatten(1).amin(1)
+    rel = SmoothGrad(n_samples=3, sigma=0.2, seed=1).compute(net, x, t)
+    for i in range(2):
+        absolute = SmoothGrad(n_samples=3, sigma=0.2 * float(span[i]), relative=False, seed=1).compute(net, x, t)
+        torch.testing.assert_close(rel[i], absolute[i])
+    assert not torch.allclose(rel, SmoothGrad(n_samples=3, sigma=0.2, relative=False, seed=1).compute(net, x, t))
+
+    # unit-free: the same data in other units (x 1000, e.g. a different intensity scale) gives the same map
+    class Rescale(nn.Module):
+        def forward(self, z):
+            return z / 1000.0
+
+    scaled = nn.Sequential(Rescale(), net)
+    torch.testing.assert_close(SmoothGrad(n_samples=3, sigma=0.2, seed=1).compute(scaled, x * 1000.0, t), rel)
+
+
+def test_import_medadv_does_not_import_captum():
+    import subprocess
+    import sys
+
+    code = ("import sys, medadv, medadv.explain; assert 'captum' not in sys.modules, 'captum imported'; "
+            "import torch; medadv.explain.Gradient().compute(torch.nn.Sequential(torch.nn.Flatten(), "
+            "torch.nn.Linear(4, 2)), torch.rand(1, 1, 2, 2), torch.tensor([0])); assert 'captum' in sys.modules")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

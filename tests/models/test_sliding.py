@@ -10,7 +10,9 @@ from medadv.attacks.pgd import PGD
 from medadv.attacks.vafa import VAFA
 from medadv.data.synthetic import segmentation_blobs
 from medadv.models.sliding import SlidingWindow, TileWise, attack_tilewise, tile_slices
-from medadv.threats import Linf
+from medadv.threats import L2, Box, Linf
+
+UNIT = Box(0.0, 1.0)
 
 
 @pytest.fixture(scope="module")
@@ -73,17 +75,34 @@ def test_attack_tilewise_pgd_dag_and_vafa(big):
     assert float((clean - task.mean_dice(res.logits.argmax(1), y)).mean()) > 0.05
     # DAG with a per-voxel mask cut like the labels
     ya, mask = dag_target_a(y)
-    r_dag = attack_tilewise(DAG(task, bounds=(0.0, 1.0), gamma=0.01, max_iter=60), m, x, ya, roi_size=16, tiles_per_batch=8,
+    r_dag = attack_tilewise(DAG(task, UNIT, step_size=0.01, steps=60), m, x, ya, roi_size=16, tiles_per_batch=8,
                             tile_kwargs={"target_mask": mask})
-    assert len(r_dag.extras["tiles"]) == 1
+    assert len(r_dag.extras["tiles"]) == 1 and len(r_dag.details.tiles) == 1
+    assert r_dag.details.tiles[0].fooled_fraction.shape == (8 * 2,)  # the tile batch's own typed details
     with torch.no_grad():
         clean_hit = ((TileWise(m, 16)(x).argmax(1) == 0) & mask).sum() / mask.sum()
     hit = ((r_dag.logits.argmax(1) == 0) & mask).sum() / mask.sum()
     assert float(hit) >= float(clean_hit) + 0.2
     # VAFA tiles: each tile batch keeps its own quantisation tables
-    r_vafa = attack_tilewise(VAFA(task, bounds=(0.0, 1.0), block=8, steps=3), m, x, y, roi_size=16, tiles_per_batch=4)
+    r_vafa = attack_tilewise(VAFA(task, UNIT, block=8, steps=3), m, x, y, roi_size=16, tiles_per_batch=4)
     assert len(r_vafa.extras["tiles"]) == 2
     assert r_vafa.extras["tiles"][0]["q_tables"].shape == (4 * 2, 1, 8, 8, 8, 8)
+
+
+def test_attack_tilewise_l2_budget_holds_for_the_whole_volume(big):
+    # regression: each tile used to get the whole L2 budget (whole-volume ‖δ‖₂ reached 1.9 ε on 8 tiles)
+    m, task, x, y = big
+    eps = 0.5
+    attack = PGD(task, L2(eps, bounds=(0, 1)), steps=5)
+    res = attack_tilewise(attack, m, x, y, roi_size=16, tiles_per_batch=4)
+    l2 = (res.x_adv - x).flatten(1).norm(dim=1)
+    assert (l2 <= eps * (1 + 1e-5)).all() and torch.allclose(res.l2, l2)
+    # the shared budget is used (each tile gets ε/√8 here; overlapping tiles overwrite part of it)
+    assert (l2 >= 0.2 * eps).all()
+    assert attack.threat.eps == eps  # the caller's attack is not changed
+    # L∞: every tile keeps the whole ε, which is the whole volume's L∞ budget
+    r_inf = attack_tilewise(PGD(task, Linf(4 / 255, bounds=(0, 1)), steps=3), m, x, y, roi_size=16, tiles_per_batch=8)
+    assert (r_inf.linf <= 4 / 255 + 1e-6).all() and (r_inf.linf >= 4 / 255 - 1e-6).all()
 
 
 def test_tilewise_pads_small_volumes(trained_seg3d):

@@ -1,0 +1,119 @@
+"""Every registered attack from a config entry; unknown keys named with the closest valid one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import yaml
+
+import medadv  # noqa: F401  (registers every attack)
+from medadv.attacks.base import attack_class, available_attacks
+from medadv.config import build_attacks, build_target_fn
+from medadv.params import InvalidParameterError
+from medadv.tasks import MultiClass, MultiLabel, Segmentation
+from medadv.threats import L2, Box, Linf
+
+BASE = {"threat": {"norm": "linf", "bounds": [0.0, 1.0]}, "budgets": [0.05, 0.1]}
+
+
+def _task_for(name: str):
+    cls = attack_class(name)
+    for task in (MultiClass(), MultiLabel(), Segmentation(3)):
+        if not cls.tasks or any(c.__name__ in cls.tasks for c in type(task).__mro__):
+            return task
+    raise AssertionError(f"{name} admits no task")
+
+
+def _cfg(entries, **over):
+    # through YAML text, as `medadv evaluate` reads it
+    return yaml.safe_load(yaml.safe_dump({**BASE, "attacks": entries, **over}))
+
+
+@pytest.mark.parametrize("name", available_attacks())
+def test_every_registered_attack_builds_from_its_name(name):
+    cls = attack_class(name)
+    built = build_attacks(_cfg([{"name": name}]), _task_for(name))
+    if cls.threat_kind == "box":
+        # no ε-ball: the threat's data box, once, budget None
+        assert list(built) == [name]
+        assert built[name].budget is None and built[name].threat is None
+        assert built[name].box == Box(0.0, 1.0)
+    else:
+        assert list(built) == [f"{name}@0.05", f"{name}@0.1"]
+        assert [a.budget for a in built.values()] == [0.05, 0.1]
+        assert all(isinstance(a.threat, Linf) and a.box == Box(0.0, 1.0) for a in built.values())
+    assert all(type(a) is cls for a in built.values())
+
+
+def test_box_attacks_need_no_budgets_and_ball_attacks_get_one_per_budget():
+    task = Segmentation(3)
+    built = build_attacks(_cfg(["vafa", {"name": "pgd", "steps": 3}], budgets=[0.01, 0.02, 0.03]), task)
+    assert list(built) == ["vafa", "pgd@0.01", "pgd@0.02", "pgd@0.03"]
+    assert built["pgd@0.03"].steps == 3
+    only_box = {"threat": {"bounds": [0.0, 1.0]}, "attacks": [{"name": "vafa", "block": 8}]}
+    assert build_attacks(only_box, task)["vafa"].block == (8, 8, 8)
+    with pytest.raises(ValueError, match="budgets"):
+        build_attacks({"threat": {"bounds": [0.0, 1.0]}, "attacks": ["pgd"]}, task)
+
+
+def test_ball_or_box_attacks_get_the_ball():
+    task = Segmentation(3)
+    cls = attack_class("dag")
+    assert cls.threat_kind == "ball_or_box"
+    built = build_attacks(_cfg([{"name": "dag", "steps": 5}]), task)
+    assert list(built) == ["dag@0.05", "dag@0.1"] and built["dag@0.1"].threat.eps == 0.1
+
+
+def test_l2_threat_and_labels():
+    built = build_attacks(_cfg([{"name": "pgd", "label": "pgd-l2"}], threat={"norm": "l2", "bounds": [0, 1]}),
+                          MultiClass())
+    assert all(isinstance(a.threat, L2) for a in built.values()) and "pgd-l2@0.1" in built
+
+
+def test_unknown_keys_are_named_with_the_closest_valid_one():
+    task = MultiClass()
+    with pytest.raises(InvalidParameterError,
+                       match=r"`attacks` entry 'pgd': unknown parameter `stepz` for attack 'pgd'; did you mean 'steps'"):
+        build_attacks(_cfg([{"name": "pgd", "stepz": 3}]), task)
+    with pytest.raises(InvalidParameterError, match=r"unknown attack 'pgdd'; did you mean 'pgd'"):
+        build_attacks(_cfg([{"name": "pgdd"}]), task)
+    with pytest.raises(ValueError, match=r"unknown key `bound` in `threat`; did you mean `bounds`"):
+        build_attacks(_cfg(["pgd"], threat={"bound": [0, 1]}), task)
+    with pytest.raises(InvalidParameterError, match=r"`steps` of PGD must be an integer >= 1; got 2.5"):
+        build_attacks(_cfg([{"name": "pgd", "steps": 2.5}]), task)
+    with pytest.raises(ValueError, match="needs a `name`"):
+        build_attacks(_cfg([{"steps": 2}]), task)
+    with pytest.raises(ValueError, match="non-empty list"):
+        build_attacks(_cfg([]), task)
+
+
+def test_components_are_given_by_name():
+    from medadv.explain import Explanation, available_explanations
+
+    takes = [n for n in available_attacks() if "explanation" in attack_class(n).param_names()]
+    assert takes, "no registered attack takes an explanation"
+    assert "smoothgrad" in available_explanations()
+    for name in takes:
+        # a name, or a mapping with the component's own parameters
+        for expl in ("smoothgrad", {"name": "smoothgrad", "n_samples": 3}):
+            (atk,) = build_attacks(_cfg([{"name": name, "explanation": expl}], budgets=[0.1]),
+                                   _task_for(name)).values()
+            assert isinstance(atk.explanation, Explanation) and atk.explanation.name == "smoothgrad"
+        assert atk.explanation.n_samples == 3
+    with pytest.raises(InvalidParameterError, match=r"did you mean"):
+        build_attacks(_cfg([{"name": takes[0], "explanation": "smoothgrd"}]), _task_for(takes[0]))
+
+
+def test_target_functions():
+    x, y = torch.rand(2, 1, 4, 4), torch.tensor([[0, 1], [2, 1]]).repeat_interleave(2, 1)[:, None].expand(2, 4, 4)
+    seg = Segmentation(3)
+    logits = torch.randn(2, 3, 4, 4)
+    assert build_target_fn(None, seg) is None
+    bg = build_target_fn("background", seg)
+    assert torch.equal(bg(x, y, logits), torch.zeros_like(y))
+    ll = build_target_fn("least_likely", seg)
+    assert torch.equal(ll(x, y, logits), logits.argmin(1))
+    assert bg.__qualname__ != ll.__qualname__  # evaluate() fingerprints targeted rows by this name
+    assert build_target_fn("medadv.attacks.dag:dag_target_a", seg).__name__ == "dag_target_a"
+    with pytest.raises(ValueError, match=r"did you mean 'background'"):
+        build_target_fn("backgrund", seg)
