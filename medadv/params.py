@@ -33,6 +33,7 @@ __all__ = [
     "Int",
     "Real",
     "Bool",
+    "Constant",
     "Options",
     "Optional",
     "Pair",
@@ -223,6 +224,23 @@ class Options(Constraint):
 
     def _hint(self, value: Any) -> str:
         return _did_you_mean(value, self.options) if isinstance(value, str) else ""
+
+
+class Constant(Constraint):
+    """Exactly one allowed value (a parameter kept for the common signature, e.g. AutoAttack's
+    ``targeted=False``); ``why`` says why in the error."""
+
+    def __init__(self, value: Any, why: str = "") -> None:
+        self.value, self.why = value, why
+        self.options = (value,)
+
+    def describe(self) -> str:
+        return f"{self.value!r}" + (f" ({self.why})" if self.why else "")
+
+    def convert(self, value: Any) -> Any:
+        if type(value) is not type(self.value) or value != self.value:
+            raise ValueError
+        return value
 
 
 class Optional(Constraint):

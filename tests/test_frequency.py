@@ -16,6 +16,7 @@ from medadv.frequency import (
     keep_cube,
     lowpass_mask,
 )
+from medadv.threats import Box
 
 
 def test_mask_semantics_match_the_paper():
@@ -55,7 +56,7 @@ def test_lowpass_keeps_smooth_and_drops_noise():
 
 def test_frequency_analysis_on_a_vafa_attack(trained_seg3d):
     m, task, x, y = trained_seg3d.model, trained_seg3d.task, trained_seg3d.x, trained_seg3d.y
-    x_adv = VAFA(task, bounds=(0.0, 1.0), block=8, steps=10)(m, x, y).x_adv
+    x_adv = VAFA(task, Box(0.0, 1.0), block=8, steps=10)(m, x, y).x_adv
     s = x.shape[2:]
     masks = {"full": torch.ones(s, dtype=torch.bool), "low_4": lowpass_mask(s, 4),
              "high_4_16": keep_cube(s, 4), "none": torch.zeros(s, dtype=torch.bool)}

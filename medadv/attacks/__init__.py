@@ -6,10 +6,27 @@ ones one engine (:mod:`medadv.attacks.engine`, step rules in :mod:`medadv.attack
 
 from .apgd import APGD, APGDDetails
 from .autoattack import AutoAttack
-from .base import Attack, AttackDetails, AttackResult, attack_class, attack_mode, available_attacks, get_attack, register
+from .base import (
+    Attack,
+    AttackDetails,
+    AttackResult,
+    attack_class,
+    attack_mode,
+    available_attacks,
+    get_attack,
+    register,
+)
 from .bim import BIM
 from .cospgd import CosPGD
-from .dag import DAG, DAGDetails, calibrate_gamma, calibrate_step_size, dag_target_a, dag_target_b, dag_target_c
+from .dag import (
+    DAG,
+    DAGDetails,
+    calibrate_gamma,
+    calibrate_step_size,
+    dag_target_a,
+    dag_target_b,
+    dag_target_c,
+)
 from .engine import EngineOutput, IterativeAttack, StepContext
 from .fgsm import FGSM
 from .gap import GAP

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..params import Constraint, Int, InvalidParameterError, Optional, Options, _did_you_mean
+from ..params import Constant, Constraint, Int, InvalidParameterError, Optional, Options, _did_you_mean
 from ..tasks import Task
 from ..threats import Threat
 from .base import Attack, register
@@ -117,6 +117,7 @@ class AutoAttack(Attack):
         "version": Options(*_VERSIONS),
         "attacks": Optional(_Members(*_ATTACKS)),
         "batch_size": Optional(Int(low=1)),
+        "targeted": Constant(False, "AutoAttack is untargeted: its APGD-T/FAB-T members choose their own targets"),
     }
     tasks = ("MultiClass",)
     version: str
@@ -139,9 +140,6 @@ class AutoAttack(Attack):
         if threat.bounds is None or any(isinstance(b, Tensor) for b in threat.bounds):
             raise InvalidParameterError("AutoAttack needs finite scalar `bounds` (lo, hi) on the threat, got "
                                         f"{threat.describe_bounds()}")
-        if self.targeted:
-            raise InvalidParameterError("`targeted` of AutoAttack must be False: AutoAttack is untargeted "
-                                        "(its APGD-T/FAB-T members choose their own targets)")
         if (self.attacks is None) == (self.version == "custom"):
             raise InvalidParameterError("`attacks` of AutoAttack is required with version='custom' and not "
                                         f"allowed with version={self.version!r}")

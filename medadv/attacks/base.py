@@ -166,7 +166,7 @@ class Attack(Configurable, ABC):
                     "ball_or_box": f"a {' or '.join(self.norms)} threat or a Box"}[kind]
             raise TypeError(f"`threat` of {owner} must be {want}, got {threat!r}")
         # stored even when a subclass does not expose them (e.g. always-targeted attacks)
-        declared = Attack.params
+        declared = self.declared_params()  # a subclass may narrow them (AutoAttack: targeted=False only)
         self.targeted = declared["targeted"].check(targeted, "targeted", owner)
         self.seed = declared["seed"].check(seed, "seed", owner)
         if self.always_targeted:

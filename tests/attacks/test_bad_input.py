@@ -6,16 +6,15 @@ import pytest
 import torch
 from torch import nn
 
-from medadv.attacks.base import get_attack
-from medadv.attacks.bim import BIM
-from medadv.attacks.cospgd import CosPGD
+from medadv.attacks.base import attack_class, available_attacks, get_attack
 from medadv.attacks.fgsm import FGSM
+from medadv.attacks.gradient import GradientAttack
 from medadv.attacks.pgd import PGD
-from medadv.attacks.segpgd import SegPGD
 from medadv.tasks import MultiClass, MultiLabel, Segmentation
 from medadv.threats import L2, Linf
 
-ATTACKS = [FGSM, BIM, PGD, CosPGD, SegPGD]
+# every registered attack of the gradient family (a new one is covered without editing this file)
+GRADIENT_FAMILY = [attack_class(n) for n in available_attacks() if issubclass(attack_class(n), GradientAttack)]
 
 
 def _cls_model(out: int = 3, channels: int = 1) -> nn.Module:
@@ -40,7 +39,7 @@ def mc():
     return _cls_model(3), torch.rand(4, 1, 8, 8), torch.tensor([0, 1, 2, 1])
 
 
-@pytest.mark.parametrize("cls", ATTACKS)
+@pytest.mark.parametrize("cls", GRADIENT_FAMILY)
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_non_finite_input(cls, bad, mc):
     model, x, y = mc
@@ -50,7 +49,7 @@ def test_non_finite_input(cls, bad, mc):
         _atk(cls, MultiClass(), bounds=None)(model, x, y)
 
 
-@pytest.mark.parametrize("cls", ATTACKS)
+@pytest.mark.parametrize("cls", GRADIENT_FAMILY)
 def test_empty_batch(cls, mc):
     model, _, _ = mc
     with pytest.raises(ValueError, match=r"`x` is an empty batch"):
@@ -74,7 +73,7 @@ def test_model_type(mc):
         _atk(PGD, MultiClass())(lambda t: t, x, y)
 
 
-@pytest.mark.parametrize("cls", ATTACKS)
+@pytest.mark.parametrize("cls", GRADIENT_FAMILY)
 def test_input_outside_bounds(cls, mc):
     model, x, y = mc
     with pytest.raises(ValueError, match=r"`x` has values in .* outside the declared bounds"):
@@ -136,7 +135,7 @@ def test_bad_hyper_parameters():
 
 
 # --- labels ---------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("cls", ATTACKS)
+@pytest.mark.parametrize("cls", GRADIENT_FAMILY)
 def test_multiclass_labels(cls, mc):
     model, x, y = mc
     atk = _atk(cls, MultiClass())
@@ -160,7 +159,7 @@ def test_targeted_needs_target(mc):
         PGD(MultiClass(), Linf(0.1, bounds=(0, 1)), steps=1, targeted=True)(model, x)
 
 
-@pytest.mark.parametrize("cls", ATTACKS)
+@pytest.mark.parametrize("cls", GRADIENT_FAMILY)
 def test_multilabel_labels(cls):
     model, x = _cls_model(5), torch.rand(3, 1, 8, 8)
     atk = _atk(cls, MultiLabel())
@@ -174,7 +173,7 @@ def test_multilabel_labels(cls):
         atk(model, x, torch.full((3, 5), float("nan")))
 
 
-@pytest.mark.parametrize("cls", ATTACKS)
+@pytest.mark.parametrize("cls", GRADIENT_FAMILY)
 @pytest.mark.parametrize("ndim", [2, 3])
 def test_segmentation_labels(cls, ndim):
     model = _seg_model(3, ndim)
@@ -200,7 +199,7 @@ def test_segmentation_labels(cls, ndim):
 
 
 # --- model output that does not fit the task ------------------------------------------------------------------
-@pytest.mark.parametrize("cls", ATTACKS)
+@pytest.mark.parametrize("cls", GRADIENT_FAMILY)
 def test_model_output_does_not_fit_task(cls):
     x = torch.rand(2, 1, 6, 6)
     with pytest.raises(ValueError, match=r"model output must be \(N, 3, \*spatial\)"):

@@ -12,15 +12,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from medadv.attacks.base import attack_class, available_attacks
 from medadv.attacks.bim import BIM
-from medadv.attacks.cospgd import CosPGD
 from medadv.attacks.fgsm import FGSM
-from medadv.attacks.pgd import PGD
-from medadv.attacks.segpgd import SegPGD
+from medadv.attacks.gradient import GradientAttack
 from medadv.tasks import MultiClass, MultiLabel, Segmentation
 from medadv.threats import L2, Linf
 
-ATTACKS = [FGSM, BIM, PGD, CosPGD, SegPGD]
+# every registered attack of the gradient family (a new one is covered without editing this file)
+GRADIENT_FAMILY = [attack_class(n) for n in available_attacks() if issubclass(attack_class(n), GradientAttack)]
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -65,7 +65,7 @@ def cases(draw):
     eps = eps_frac * span * (1.0 if norm == "linf" else 3.0)
     return {
         "kind": kind, "ndim": ndim, "channels": channels, "n": n, "size": size, "lo": lo, "hi": hi,
-        "eps": eps, "norm": norm, "attack": draw(st.sampled_from(ATTACKS)), "targeted": draw(st.booleans()),
+        "eps": eps, "norm": norm, "attack": draw(st.sampled_from(GRADIENT_FAMILY)), "targeted": draw(st.booleans()),
         "restarts": draw(st.integers(1, 2)), "active_set": draw(st.booleans()), "steps": draw(st.integers(1, 4)),
         "edge": draw(st.booleans()), "seed": draw(st.integers(0, 2**16)),
     }
