@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .attacks.base import Attack
@@ -33,37 +34,80 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     import torch
 
-    from .config import build_attacks, build_data, build_model, build_target_fn, build_task, load_config
+    from .config import (
+        build_attacks,
+        build_data,
+        build_model,
+        build_target_fn,
+        build_task,
+        check_targets,
+        load_config,
+    )
     from .evaluation import evaluate
     from .report import write_report
 
     cfg = load_config(args.config)
     base = cfg["_dir"]
-    model = build_model(cfg["model"], base)
     task = build_task(cfg["task"])
-    x, y = build_data(cfg["data"], base)
     attacks = build_attacks(cfg, task)
-    target_fn = build_target_fn(cfg.get("target"), task)
-    targeted = [k for k, a in attacks.items() if a.targeted or a.always_targeted]
-    if targeted and target_fn is None:
-        raise ValueError(f"attack(s) {', '.join(targeted)} are targeted; give "
-                         "`target: background | least_likely | package.module:function` in the config")
-    bs = int(cfg.get("batch_size", 8))
+    target_fn = build_target_fn(cfg["target"], task)
+    check_targets(attacks, cfg["target"])  # before the model and the data: a config mistake costs nothing
+    model = build_model(cfg["model"], base)
+    x, y = build_data(cfg["data"], base)
+    bs = cfg["batch_size"]
     batches = [(x[i : i + bs], y[i : i + bs]) for i in range(0, x.shape[0], bs)]
-    out = Path(args.output or cfg.get("output", "medadv-results"))
+    out = Path(args.output or cfg["output"])
     if not out.is_absolute() and not args.output:
         out = Path(base) / out
     out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(int(cfg.get("seed", 0)))
+    torch.manual_seed(cfg["seed"])
     res = evaluate(model, task, batches, attacks, log=out / "log.jsonl", progress=not args.no_progress,
-                   target_fn=target_fn,
-                   hd95=bool(cfg.get("hd95", False)), spacing=cfg.get("spacing"),
-                   meta={"config": str(Path(args.config).resolve()), "model": cfg["model"].get("builder")})
+                   target_fn=target_fn, hd95=cfg["hd95"], spacing=cfg["spacing"],
+                   meta={"config": str(Path(args.config).resolve()), "model": cfg["model"]["builder"]})
     res.to_json(out / "results.json")
     res.to_csv(out / "results.csv")
     report = write_report(res, out)
     print(res.format_summary())
     print(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}, {report}")
+    return 0
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    """The schema, then the task, attacks, target, model builder and data files: no model built, no data
+    loaded, nothing run. Every mistake found is printed, one line each."""
+    from .config import (
+        ConfigError,
+        build_attacks,
+        build_task,
+        check_data,
+        check_model,
+        check_target,
+        check_targets,
+        load_config,
+    )
+
+    cfg = load_config(args.config)  # schema errors: all of them at once, then stop
+    errors: list[str] = []
+
+    def attempt(check: Callable[[], Any]) -> Any:
+        try:
+            return check()
+        except (ValueError, FileNotFoundError) as e:
+            errors.extend(str(e).splitlines())
+            return None
+
+    task = attempt(lambda: build_task(cfg["task"]))
+    attacks: Any = None
+    if task is not None:
+        attacks = attempt(lambda: build_attacks(cfg, task))
+        attempt(lambda: check_target(cfg["target"], task))
+        if attacks is not None:
+            attempt(lambda: check_targets(attacks, cfg["target"]))
+    attempt(lambda: check_model(cfg["model"], cfg["_dir"]))
+    attempt(lambda: check_data(cfg["data"], cfg["_dir"]))
+    if errors:
+        raise ConfigError(errors)
+    print(f"OK: {args.config}: {len(attacks)} attack runs ({', '.join(attacks)})")
     return 0
 
 
@@ -120,8 +164,14 @@ def _cmd_attacks(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="medadv", description="Adversarial robustness of medical imaging models.")
+    p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    # `--debug` after the command too; SUPPRESS keeps the main parser's value when it is not repeated there
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the full traceback of an error")
     sub = p.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="train (or load) a UNet on the real MNI152 template and attack it")
+    d = sub.add_parser("demo", parents=[common],
+                       help="train (or load) a UNet on the real MNI152 template and attack it")
     d.add_argument("--retrain", action="store_true", help="ignore the cached checkpoint")
     d.add_argument("--epochs", type=int, default=25, help="training epochs (default 25)")
     d.add_argument("--steps", type=int, default=10, help="attack iterations (default 10)")
@@ -129,12 +179,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--output", help="also write results.json/csv and a Markdown report here")
     d.add_argument("--no-progress", action="store_true", help="no progress bars")
     d.set_defaults(func=_cmd_demo)
-    e = sub.add_parser("evaluate", help="run models x attacks x budgets from a YAML config")
+    e = sub.add_parser("evaluate", parents=[common], help="run models x attacks x budgets from a YAML config")
     e.add_argument("config", help="YAML config (see medadv.config)")
     e.add_argument("--output", help="output directory (default: the config's `output`)")
     e.add_argument("--no-progress", action="store_true")
     e.set_defaults(func=_cmd_evaluate)
-    a = sub.add_parser("attacks", help="list the registered attacks (and their parameters)")
+    v = sub.add_parser("validate", parents=[common],
+                       help="check a YAML config (schema, attacks, files) without running it")
+    v.add_argument("config", help="YAML config (see medadv.config)")
+    v.set_defaults(func=_cmd_validate)
+    a = sub.add_parser("attacks", parents=[common], help="list the registered attacks (and their parameters)")
     a.add_argument("--params", nargs="*", metavar="NAME",
                    help="show the parameters (what each accepts, default) of these attacks (none given: all)")
     a.set_defaults(func=_cmd_attacks)
@@ -142,12 +196,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run a command; a user's mistake prints ``medadv: error: <message>`` (one line each) and returns 2.
+
+    ``--debug`` prints the traceback too.
+    """
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError) as e:
-        # a mistake in the config or the command line: the message, not a traceback
-        print(f"medadv {args.command}: error: {e}", file=sys.stderr)
+        # a mistake in the config or the command line (InvalidParameterError and ConfigError are
+        # ValueErrors): the message, not a traceback, unless asked for
+        if args.debug:
+            traceback.print_exc()
+        lines = [line for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+        for line in lines:
+            print(f"medadv: error: {line}", file=sys.stderr)
         return 2
 
 

@@ -30,11 +30,19 @@ is an error naming the closest valid one. Attacks with an ε-ball (``threat_kind
 without one (``threat_kind`` "box": VAFA) get the threat's data box once, named ``label``, with
 budget ``None``. Components are given by name: ``explanation: gradcam`` or
 ``explanation: {name: smoothgrad, n_samples: 8}``; GAP's ``generator: {checkpoint: gap.pt}``.
+
+The config is checked against one schema (:mod:`medadv.config_schema`) before anything runs: an unknown
+key is an error naming the closest valid one, at every level; values have types and ranges
+(``batch_size >= 1``, ``data.n >= 1``, ``hd95`` a YAML boolean); budgets are numbers or fractions such as
+``8/255``. ``medadv validate config.yaml`` checks a config (schema, task, attacks, target, model builder,
+data files) without building the model, loading the data or running anything.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import inspect
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -44,147 +52,218 @@ import torch
 from torch import Tensor, nn
 
 from .attacks.base import Attack, attack_class, get_attack
+from .config_schema import (
+    AttackPlan,
+    ConfigError,
+    DataSection,
+    Mni152Data,
+    ModelSection,
+    MultiClassTask,
+    MultiLabelTask,
+    NpzData,
+    SegmentationTask,
+    SyntheticData,
+    TaskSection,
+    ThreatSection,
+    validate_config,
+    validate_section,
+)
 from .params import InvalidParameterError, closest
 from .tasks import MultiClass, MultiLabel, Segmentation, Task
 from .threats import L2, Box, Linf, Threat
 
-__all__ = ["load_config", "build_model", "build_task", "build_data", "build_attacks", "build_target_fn"]
+__all__ = ["ConfigError", "load_config", "build_model", "check_model", "build_task", "build_data", "check_data",
+           "build_attacks", "build_target_fn", "check_target", "check_targets"]
 
 TargetFn = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 
 def load_config(path: str | os.PathLike) -> dict[str, Any]:
+    """The config file, checked against the schema (:mod:`medadv.config_schema`), as a plain mapping.
+
+    Every section is there with its defaults filled in and its values normalised (budgets as floats,
+    ``task.type`` in its canonical spelling); ``_dir`` is the config's folder (relative paths start there).
+    Raises :class:`ConfigError` (one line per mistake) for a config that does not fit the schema.
+    """
     import yaml
 
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"config file not found: {p.resolve()}")
-    cfg = yaml.safe_load(p.read_text())
-    if not isinstance(cfg, dict):
-        raise ValueError(f"config {p} must be a YAML mapping, got {type(cfg).__name__}")
-    for key in ("model", "task", "data", "attacks", "threat"):
-        if key not in cfg:
-            raise ValueError(f"config {p} is missing the `{key}` section")
-    cfg.setdefault("_dir", str(p.parent.resolve()))
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError([f"{p}: not valid YAML{at}: {problem}"]) from None
+    cfg = validate_config(raw).model_dump()
+    cfg["_dir"] = str(p.parent.resolve())
     return cfg
 
 
-def _resolve(name: str):
+def _check_call(fn: Callable[..., Any], kwargs: Mapping[str, Any], where: str, skip: tuple[str, ...] = ()) -> None:
+    """Refuse keyword arguments ``fn`` does not take, naming the closest one it does."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    names = [n for n, p in params.items() if n not in skip and p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    for k in kwargs:
+        if k not in names:
+            c = closest(str(k), names)
+            hint = f"; did you mean `{c}`?" if c else ""
+            raise ConfigError([f"unknown key `{k}` in `{where}`{hint} (valid keys: {', '.join(names)})"])
+
+
+def _module_exists(spec: str, where: str) -> tuple[str, str]:
+    mod, _, name = spec.partition(":")
+    try:
+        found = importlib.util.find_spec(mod) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found or not name:
+        raise ConfigError([f"`{where}` {spec!r}: no module {mod!r} to import (give 'package.module:function' "
+                           "importable from here)" if not found else f"`{where}` {spec!r}: name the function "
+                           "after the colon, 'package.module:function'"])
+    return mod, name
+
+
+def _import(spec: str, where: str) -> Any:
+    mod, name = _module_exists(spec, where)
+    try:
+        return getattr(importlib.import_module(mod), name)
+    except AttributeError:
+        raise ConfigError([f"`{where}` {spec!r}: module {mod!r} has no {name!r}"]) from None
+
+
+def _builder(spec: ModelSection, *, load: bool) -> Callable[..., nn.Module] | None:
+    name = spec.builder
     if ":" in name:
-        mod, fn = name.split(":", 1)
-        return getattr(importlib.import_module(mod), fn)
+        # a user module runs code when imported: only find it unless the model is really built
+        if load:
+            return _import(name, "model.builder")
+        _module_exists(name, "model.builder")
+        return None
     from . import models
 
+    builders = [n for n in getattr(models, "__all__", dir(models)) if callable(getattr(models, n, None))]
     if not hasattr(models, name):
-        raise ValueError(f"unknown model builder {name!r}; use a medadv.models builder or 'package.module:function'")
-    return getattr(models, name)
+        c = closest(name, builders)
+        hint = f"; did you mean {c!r}?" if c else ""
+        raise ConfigError([f"`model.builder`: unknown model builder {name!r}{hint} (use a medadv.models builder "
+                           "or 'package.module:function')"])
+    fn: Callable[..., nn.Module] = getattr(models, name)
+    _check_call(fn, spec.kwargs, "model.kwargs")
+    return fn
 
 
-def build_model(spec: dict[str, Any], base_dir: str | None = None) -> nn.Module:
+def _checkpoint(spec: ModelSection, base_dir: str | None) -> Path | None:
+    if not spec.checkpoint:
+        return None
+    path = Path(spec.checkpoint)
+    if not path.is_absolute() and base_dir:
+        path = Path(base_dir) / path
+    if not path.is_file():
+        raise FileNotFoundError(f"`model.checkpoint`: file not found: {path.resolve()}")
+    return path
+
+
+def check_model(spec: Mapping[str, Any], base_dir: str | None = None) -> None:
+    """What :func:`build_model` would refuse, without building the model or importing user code."""
+    conf: ModelSection = validate_section(ModelSection, spec, ("model",))
+    _builder(conf, load=False)
+    _checkpoint(conf, base_dir)
+
+
+def build_model(spec: Mapping[str, Any], base_dir: str | None = None) -> nn.Module:
     from .models.io import load_checkpoint
 
-    if "builder" not in spec:
-        raise ValueError("`model.builder` is required")
-    model = _resolve(spec["builder"])(**spec.get("kwargs", {}))
-    ckpt = spec.get("checkpoint")
-    if ckpt:
-        path = Path(ckpt)
-        if not path.is_absolute() and base_dir:
-            path = Path(base_dir) / path
+    conf: ModelSection = validate_section(ModelSection, spec, ("model",))
+    build = _builder(conf, load=True)
+    assert build is not None
+    model = build(**conf.kwargs)
+    path = _checkpoint(conf, base_dir)
+    if path is not None:
         load_checkpoint(path, model)
     return model.eval()
 
 
-def build_task(spec: dict[str, Any]) -> Task:
-    kind = str(spec.get("type", "")).lower()
-    kw = {k: v for k, v in spec.items() if k != "type"}
-    if kind in ("multiclass", "multi_class"):
-        return MultiClass(**kw)
-    if kind in ("multilabel", "multi_label"):
-        return MultiLabel(**kw)
-    if kind == "segmentation":
-        return Segmentation(**kw)
-    raise ValueError(f"`task.type` must be multiclass, multilabel or segmentation, got {spec.get('type')!r}")
+def build_task(spec: Mapping[str, Any]) -> Task:
+    conf: MultiClassTask | MultiLabelTask | SegmentationTask = validate_section(TaskSection, spec, ("task",))
+    kw = conf.model_dump(exclude={"type"})
+    cls = {"multiclass": MultiClass, "multilabel": MultiLabel, "segmentation": Segmentation}[conf.type]
+    return cls(**kw)
 
 
-def build_data(spec: dict[str, Any], base_dir: str | None = None) -> tuple[Tensor, Tensor]:
-    source = str(spec.get("source", "")).lower()
-    kw = dict(spec.get("kwargs", {}))
-    if source == "mni152":
-        from .data.mni152 import tissue_patches
-
-        return tissue_patches(int(spec.get("n", 8)), **kw)
-    if source == "synthetic":
-        from .data import synthetic
-
-        fn = getattr(synthetic, kw.pop("kind", "segmentation_blobs"))
-        return fn(n=int(spec.get("n", 8)), **kw)
-    if source == "npz":
+def _data_loader(spec: Mapping[str, Any], base_dir: str | None) -> Callable[[], tuple[Tensor, Tensor]]:
+    """Check the ``data`` section (names, files, arrays present) and return what loads it."""
+    conf: Mni152Data | SyntheticData | NpzData = validate_section(DataSection, spec, ("data",))
+    if isinstance(conf, NpzData):
         import numpy as np
 
-        path = Path(spec["path"])
+        path = Path(conf.path)
         if not path.is_absolute() and base_dir:
             path = Path(base_dir) / path
         if not path.is_file():
             raise FileNotFoundError(f"data file not found: {path.resolve()} (expected an .npz with arrays x and y)")
-        arr = np.load(path)
-        return torch.from_numpy(arr["x"]).float(), torch.from_numpy(arr["y"])
-    raise ValueError(f"`data.source` must be mni152, synthetic or npz, got {spec.get('source')!r}")
+        try:
+            with np.load(path) as arr:  # reads the archive's table of contents only
+                files = list(arr.files)
+        except (OSError, ValueError) as e:
+            raise ConfigError([f"`data.path`: {path} is not a readable .npz ({e})"]) from None
+        missing = [k for k in ("x", "y") if k not in files]
+        if missing:
+            raise ConfigError([f"`data.path`: {path.name} has no array {' or '.join(map(repr, missing))} "
+                               f"(it has {', '.join(map(repr, files)) or 'none'}); an .npz for medadv holds "
+                               "x (inputs) and y (labels)"])
+        n = conf.n
+
+        def load_npz() -> tuple[Tensor, Tensor]:
+            with np.load(path) as arr:
+                x, y = arr["x"][:n], arr["y"][:n]
+            return torch.from_numpy(x).float(), torch.from_numpy(y)
+
+        return load_npz
+    kw = dict(conf.kwargs)
+    fn: Callable[..., tuple[Tensor, Tensor]]
+    if isinstance(conf, SyntheticData):
+        from .data import synthetic
+
+        kinds = ("segmentation_blobs", "multiclass_blobs", "multilabel_blobs")
+        kind = kw.pop("kind", "segmentation_blobs")
+        if kind not in kinds:
+            c = closest(str(kind), kinds)
+            raise ConfigError([f"`data.kwargs.kind` must be one of {', '.join(map(repr, kinds))}; got {kind!r}"
+                               + (f"; did you mean {c!r}?" if c else "")])
+        fn = getattr(synthetic, kind)
+    else:
+        from .data.mni152 import tissue_patches
+
+        fn = tissue_patches
+    _check_call(fn, kw, "data.kwargs", skip=("n",))
+    n = conf.n
+    return lambda: fn(n=n, **kw)
 
 
-_THREAT_KEYS = ("norm", "bounds", "eps")
+def check_data(spec: Mapping[str, Any], base_dir: str | None = None) -> None:
+    """What :func:`build_data` would refuse, without loading the data."""
+    _data_loader(spec, base_dir)
 
 
-def _box(spec: Mapping[str, Any]) -> Box:
-    if not isinstance(spec, Mapping):
-        raise ValueError(f"`threat` must be a mapping such as {{norm: linf, bounds: [0.0, 1.0]}}, got {spec!r}")
-    for k in spec:
-        if k not in _THREAT_KEYS:
-            c = closest(str(k), _THREAT_KEYS)
-            hint = f"; did you mean `{c}`?" if c else ""
-            raise ValueError(f"unknown key `{k}` in `threat`{hint} (valid keys: {', '.join(_THREAT_KEYS)})")
-    if "bounds" not in spec:
-        raise ValueError("`threat.bounds` is required (the data range in data units, or null for unbounded)")
-    b = spec["bounds"]
-    if b is not None and (not isinstance(b, list | tuple) or len(b) != 2):
-        raise ValueError(f"`threat.bounds` must be [lo, hi] or null, got {b!r}")
-    return Box.unbounded() if b is None else Box(float(b[0]), float(b[1]))
+def build_data(spec: Mapping[str, Any], base_dir: str | None = None) -> tuple[Tensor, Tensor]:
+    return _data_loader(spec, base_dir)()
 
 
-def _threat(spec: Mapping[str, Any], eps: float) -> Threat:
-    norm = str(spec.get("norm", "linf")).lower()
-    box = _box(spec)
-    if norm == "linf":
-        return Linf(eps, bounds=box)
-    if norm == "l2":
-        return L2(eps, bounds=box)
-    raise ValueError(f"`threat.norm` must be linf or l2, got {spec.get('norm')!r}")
+def _box(spec: ThreatSection) -> Box:
+    b = spec.bounds
+    return Box.unbounded() if b is None else Box(b[0], b[1])
 
 
-def _budgets(cfg: Mapping[str, Any]) -> list[float]:
-    budgets = cfg.get("budgets", [cfg["threat"].get("eps")] if isinstance(cfg.get("threat"), Mapping) else None)
-    if not isinstance(budgets, list | tuple):
-        raise ValueError(f"`budgets` must be a list of numbers (data units), got {budgets!r}")
-    if not budgets or any(b is None for b in budgets):
-        raise ValueError("give `budgets: [...]` (or `threat.eps`) in data units: the ε of the ball attacks")
-    return [float(b) for b in budgets]
+def _threat(spec: ThreatSection, eps: float) -> Threat:
+    return (Linf if spec.norm == "linf" else L2)(eps, bounds=_box(spec))
 
 
-def _entries(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
-    attacks = cfg.get("attacks")
-    if not isinstance(attacks, list | tuple) or not attacks:
-        raise ValueError(f"`attacks` must be a non-empty list such as [{{name: pgd, steps: 10}}], got {attacks!r}")
-    out = []
-    for spec in attacks:
-        if isinstance(spec, str):  # `- fgsm` is `- {name: fgsm}`
-            spec = {"name": spec}
-        if not isinstance(spec, Mapping) or not spec.get("name"):
-            raise ValueError(f"each entry of `attacks` needs a `name`, got {spec!r}")
-        out.append(dict(spec))
-    return out
-
-
-def build_attacks(cfg: dict[str, Any], task: Task) -> dict[str, Attack]:
+def build_attacks(cfg: Mapping[str, Any], task: Task) -> dict[str, Attack]:
     """Every attack of the config, by label.
 
     Ball attacks (``threat_kind`` "ball" or "ball_or_box") get one instance per entry of ``budgets`` on
@@ -193,25 +272,26 @@ def build_attacks(cfg: dict[str, Any], task: Task) -> dict[str, Attack]:
     other keys of an entry are the attack's parameters (validated by its declarations; an unknown key is
     an error naming the closest valid parameter).
     """
-    entries = _entries(cfg)
-    box = _box(cfg["threat"])
+    plan: AttackPlan = validate_section(AttackPlan, cfg)
+    box = _box(plan.threat)
     out: dict[str, Attack] = {}
-    budgets: list[float] | None = None
-    for spec in entries:
-        name = spec.pop("name")
-        cls = attack_class(name)  # an unknown name gets the closest registered one
-        label = str(spec.pop("label", cls.name))  # to run one attack with two settings: give each a label
+    for entry in plan.attacks:
+        cls = attack_class(entry.name)  # an unknown name gets the closest registered one
+        label = entry.label or cls.name  # to run one attack with two settings: give each a label
         made: dict[str, Threat | Box]
         if cls.threat_kind == "box":
             made = {label: box}
         else:
-            budgets = _budgets(cfg) if budgets is None else budgets
-            made = {f"{label}@{eps:.6g}": _threat(cfg["threat"], eps) for eps in budgets}
+            budgets = plan.budget_list()
+            if budgets is None:
+                raise ConfigError([f"`attacks` entry {label!r} needs an ε: give `budgets: [...]` (or `threat.eps`) "
+                                   "in data units, e.g. budgets: [8/255]"])
+            made = {f"{label}@{eps:.6g}": _threat(plan.threat, eps) for eps in budgets}
         for key, threat in made.items():
             if key in out:
-                raise ValueError(f"two `attacks` entries are both called {label!r}; give them distinct `label`s")
+                raise ConfigError([f"two `attacks` entries are both called {label!r}; give them distinct `label`s"])
             try:
-                out[key] = get_attack(cls.name, task, threat, **spec)
+                out[key] = get_attack(cls.name, task, threat, **entry.params())
             except InvalidParameterError as e:
                 raise InvalidParameterError(f"`attacks` entry {label!r}: {e}") from None
     return out
@@ -238,8 +318,7 @@ def build_target_fn(spec: str | None, task: Task) -> TargetFn | None:
     if not isinstance(spec, str):
         raise ValueError(f"`target` must be background, least_likely or 'package.module:function', got {spec!r}")
     if ":" in spec:
-        mod, fn = spec.split(":", 1)
-        return getattr(importlib.import_module(mod), fn)  # type: ignore[no-any-return]
+        return _import(spec, "target")
     kind = spec.lower()
     if kind == "background":
         def background(x: Tensor, y: Tensor, logits: Tensor) -> Tensor:
@@ -254,3 +333,20 @@ def build_target_fn(spec: str | None, task: Task) -> TargetFn | None:
     c = closest(kind, ("background", "least_likely"))
     hint = f"; did you mean {c!r}?" if c else ""
     raise ValueError(f"`target` must be background, least_likely or 'package.module:function', got {spec!r}{hint}")
+
+
+
+def check_target(spec: str | None, task: Task) -> None:
+    """What :func:`build_target_fn` would refuse, without importing a user module."""
+    if isinstance(spec, str) and ":" in spec:
+        _module_exists(spec, "target")
+    else:
+        build_target_fn(spec, task)
+
+
+def check_targets(attacks: Mapping[str, Attack], target: str | None) -> None:
+    """Targeted attacks need a ``target`` in the config."""
+    targeted = [k for k, a in attacks.items() if a.targeted or a.always_targeted]
+    if targeted and target is None:
+        raise ConfigError([f"attack(s) {', '.join(targeted)} are targeted; give "
+                           "`target: background | least_likely | package.module:function` in the config"])

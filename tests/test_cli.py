@@ -137,3 +137,182 @@ def test_config_errors_name_the_problem():
         build_attacks({**base, "budgets": 0.1, "attacks": [{"name": "pgd"}]}, MultiClass())
     with pytest.raises(ValueError, match="bounds"):
         build_attacks({"threat": {"bounds": [0.0]}, "budgets": [0.1], "attacks": [{"name": "pgd"}]}, MultiClass())
+
+
+# --- strict configs: every user mistake is one line `medadv: error: ...` and exit code 2 ----------------------------
+def _small_config(tmp_path, with_y=True, **over):
+    """A cheap valid multi-class config (tiny CNN, 4 random 8x8 images in an .npz) with ``over`` applied;
+    a key mapped to ``None`` in ``over`` is removed."""
+    import numpy as np
+
+    g = torch.Generator().manual_seed(0)
+    arrays = {"x": torch.rand(4, 1, 8, 8, generator=g).numpy()}
+    if with_y:
+        arrays["y"] = torch.randint(0, 3, (4,), generator=g).numpy()
+    np.savez(tmp_path / "data.npz", **arrays)
+    cfg = {
+        "model": {"builder": "small_cnn", "kwargs": {"in_channels": 1, "num_outputs": 3, "width": 4}},
+        "task": {"type": "multiclass"},
+        "data": {"source": "npz", "path": "data.npz"},
+        "threat": {"norm": "linf", "bounds": [0.0, 1.0]},
+        "budgets": [0.05],
+        "attacks": [{"name": "fgsm"}],
+        "batch_size": 2,
+        "output": "out",
+    }
+    for k, v in over.items():
+        if v is None:
+            cfg.pop(k)
+        else:
+            cfg[k] = v
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _fails(capsys, argv, message):
+    """``main(argv)`` exits 2 printing exactly ``medadv: error: <message>``: one line, no traceback."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"medadv: error: {message}"], err
+    assert "Traceback" not in err
+
+
+def _evaluate_fails(tmp_path, capsys, message, **over):
+    path = _small_config(tmp_path, **over)
+    _fails(capsys, ["evaluate", str(path), "--no-progress"], message)
+    assert not (tmp_path / "out").exists()  # nothing ran, nothing written
+
+
+TOP_KEYS = "model, task, data, threat, budgets, attacks, target, batch_size, output, seed, hd95, spacing"
+
+
+def test_misspelt_top_level_key_is_an_error_with_the_closest_key(tmp_path, capsys):
+    _evaluate_fails(tmp_path, capsys, "unknown key `bacth_size` in the config; did you mean `batch_size`? "
+                    f"(valid keys: {TOP_KEYS})", bacth_size=1)
+
+
+def test_budget_instead_of_budgets_is_an_error(tmp_path, capsys):
+    # it used to fall back silently on threat.eps
+    _evaluate_fails(tmp_path, capsys, "unknown key `budget` in the config; did you mean `budgets`? "
+                    f"(valid keys: {TOP_KEYS})", budget=[0.1], budgets=None, threat={"bounds": [0, 1], "eps": 0.01})
+
+
+def test_negative_batch_size_is_an_error(tmp_path, capsys):
+    _evaluate_fails(tmp_path, capsys, "`batch_size` must be >= 1; got -2 (int)", batch_size=-2)
+
+
+def test_zero_batch_size_is_an_error(tmp_path, capsys):
+    _evaluate_fails(tmp_path, capsys, "`batch_size` must be >= 1; got 0 (int)", batch_size=0)
+
+
+def test_empty_attacks_is_an_error(tmp_path, capsys):
+    _evaluate_fails(tmp_path, capsys, "`attacks` must be a non-empty list such as [{name: pgd, steps: 10}]; got []",
+                    attacks=[])
+
+
+def test_zero_cases_is_an_error(tmp_path, capsys):
+    _evaluate_fails(tmp_path, capsys, "`data.n` must be >= 1; got 0 (int)",
+                    data={"source": "mni152", "n": 0, "kwargs": {"size": 8}})
+
+
+def test_hd95_as_text_is_an_error_not_true(tmp_path, capsys):
+    _evaluate_fails(tmp_path, capsys, "`hd95` must be true or false (a YAML boolean, not text); got 'false' (str)",
+                    hd95="false")
+
+
+def test_misspelt_threat_norm_is_an_error_with_the_closest_option(tmp_path, capsys):
+    _evaluate_fails(tmp_path, capsys, "`threat.norm` must be one of 'linf', 'l2'; got 'linff' (str); "
+                    "did you mean 'linf'?", threat={"norm": "linff", "bounds": [0, 1]})
+
+
+def test_npz_without_labels_is_an_error(tmp_path, capsys):
+    _evaluate_fails(tmp_path, capsys, "`data.path`: data.npz has no array 'y' (it has 'x'); an .npz for medadv "
+                    "holds x (inputs) and y (labels)", with_y=False)
+
+
+def test_unknown_attack_parameter_is_one_line(tmp_path, capsys):
+    # attack entries are checked by the attack's own declarations
+    _evaluate_fails(tmp_path, capsys, "`attacks` entry 'pgd': unknown parameter `stepz` for attack 'pgd'; "
+                    "did you mean 'steps'? valid parameters: " + ", ".join(
+                        __import__("medadv").attacks.base.attack_class("pgd").param_names()),
+                    attacks=[{"name": "pgd", "stepz": 3}])
+
+
+def test_invalid_yaml_is_one_line(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text("model: {builder: small_cnn\ntask: [\n")
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"medadv: error: {path}: not valid YAML at line ")
+
+
+def test_fraction_budgets_run_and_equal_the_fraction(tmp_path, capsys):
+    from medadv.config import load_config
+
+    path = _small_config(tmp_path, budgets=["8/255"])
+    text = path.read_text()
+    assert "- 8/255" in text  # written unquoted: YAML reads it as the text '8/255'
+    path.write_text(text + "\n")
+    assert load_config(path)["budgets"] == [8 / 255]
+    path.write_text(text.replace("- 8/255", "- '4/255'\n- 0.05\n- 1"))
+    assert load_config(path)["budgets"] == [4 / 255, 0.05, 1.0]
+    path.write_text(text)
+    assert main(["evaluate", str(path), "--no-progress"]) == 0
+    rows = json.loads((tmp_path / "out" / "results.json").read_text())["rows"]
+    assert {r["budget"] for r in rows} == {8 / 255} and len(rows) == 4
+    capsys.readouterr()
+    _fails(capsys, ["validate", str(_small_config(tmp_path, budgets=["8/0"]))],
+           "`budgets[0]` must be a number or a fraction such as 8/255; got '8/0' (str)")
+
+
+def test_bare_attack_names_are_accepted(tmp_path, capsys):
+    # `- fgsm` is `- {name: fgsm}`
+    path = _small_config(tmp_path, attacks=["fgsm", {"name": "pgd", "steps": 2}], budgets=[0.05, 0.1])
+    assert main(["validate", str(path)]) == 0
+    assert capsys.readouterr().out.strip() == (f"OK: {path}: 4 attack runs (fgsm@0.05, fgsm@0.1, pgd@0.05, "
+                                               "pgd@0.1)")
+
+
+def test_validate_reports_every_mistake_without_running(tmp_path, capsys):
+    path = _small_config(tmp_path, with_y=False, attacks=[{"name": "pgd", "stepz": 3}, "dag"],
+                         model={"builder": "small_cnnn", "checkpoint": "missing.pt"})
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert all(line.startswith("medadv: error: ") for line in err)
+    assert len(err) == 3, err
+    assert "`attacks` entry 'pgd': unknown parameter `stepz` for attack 'pgd'; did you mean 'steps'?" in err[0]
+    assert "`model.builder`: unknown model builder 'small_cnnn'; did you mean 'small_cnn'?" in err[1]
+    assert "has no array 'y'" in err[2]
+    assert not (tmp_path / "out").exists()
+    # schema errors come all at once, one line each
+    path = _small_config(tmp_path, bacth_size=1, hd95="yes", data={"source": "npz", "path": "data.npz", "n": 0})
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert [e.split(";")[0] for e in err] == ["medadv: error: unknown key `bacth_size` in the config",
+                                              "medadv: error: `data.n` must be >= 1",
+                                              "medadv: error: `hd95` must be true or false (a YAML boolean, not text)"]
+
+
+def test_validate_checks_targets_and_model_files(tmp_path, capsys):
+    path = _small_config(tmp_path, task={"type": "segmentation", "num_classes": 3}, attacks=["dag"],
+                         model={"builder": "small_unet", "checkpoint": "nope.pt"})
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == ("medadv: error: attack(s) dag@0.05 are targeted; give `target: background | least_likely | "
+                      "package.module:function` in the config")
+    assert err[1].startswith("medadv: error: `model.checkpoint`: file not found: ") and len(err) == 2
+    path = _small_config(tmp_path, target="no_such_module_xyz:fn")
+    _fails(capsys, ["validate", str(path)], "`target` 'no_such_module_xyz:fn': no module 'no_such_module_xyz' to "
+           "import (give 'package.module:function' importable from here)")
+
+
+def test_debug_shows_the_traceback(tmp_path, capsys):
+    path = _small_config(tmp_path, batch_size=0)
+    for argv in (["--debug", "evaluate", str(path)], ["evaluate", str(path), "--debug"], ["validate", str(path), "--debug"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "Traceback (most recent call last)" in err and "ConfigError" in err
+        assert err.splitlines()[-1] == "medadv: error: `batch_size` must be >= 1; got 0 (int)"
+    assert main(["validate", str(path)]) == 2
+    assert "Traceback" not in capsys.readouterr().err

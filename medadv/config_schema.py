@@ -1,0 +1,381 @@
+"""The schema of the ``medadv evaluate`` YAML config (pydantic v2): types, ranges, unknown keys.
+
+One model per section. Every section refuses keys it does not declare, naming the closest valid one
+(``unknown key `bacth_size` in the config; did you mean `batch_size`?``); booleans must be real booleans
+(``hd95: 'false'`` is an error, not true); integers must be integers; budgets accept numbers and
+fractions written as text (``8/255``). Attack entries carry the attack's own parameters: those are
+checked by the attack's declarations when the attack is built (:func:`medadv.attacks.base.get_attack`),
+not here.
+
+:func:`validate_config` turns a mapping into a :class:`Config` or raises :class:`ConfigError` whose
+message has one line per mistake, each naming where it is (``data.n``, ``attacks[1]``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    ModelWrapValidatorHandler,
+    Strict,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from .params import InvalidParameterError, closest
+
+__all__ = ["ConfigError", "Config", "AttackPlan", "AttackEntry", "ModelSection", "TaskSection", "DataSection",
+           "ThreatSection", "parse_budget", "validate_config", "validate_section", "format_errors"]
+
+
+class ConfigError(InvalidParameterError):
+    """A config that does not fit the schema; ``messages`` holds one line per mistake."""
+
+    def __init__(self, messages: Sequence[str]) -> None:
+        self.messages = list(messages)
+        super().__init__("\n".join(self.messages))
+
+
+# --- value types --------------------------------------------------------------------------------------------------
+def parse_budget(value: Any) -> float:
+    """A budget in data units: a number, or text such as ``8/255``, ``'4/255'`` or ``0.03``; finite, >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise PydanticCustomError("budget", "must be a number or a fraction such as 8/255; got {given}",
+                                  {"given": _given(value)})
+    if isinstance(value, str):
+        try:
+            # Fraction parses "8/255" exactly; float() of it is the correctly rounded 8/255
+            out = float(Fraction(value.replace(" ", "")))
+        except (ValueError, ZeroDivisionError):
+            raise PydanticCustomError("budget", "must be a number or a fraction such as 8/255; got {given}",
+                                      {"given": _given(value)}) from None
+    else:
+        out = float(value)
+    if not math.isfinite(out) or out < 0:
+        raise PydanticCustomError("budget", "must be a finite number >= 0; got {given}", {"given": _given(value)})
+    return out
+
+
+def _pick(value: Any, options: tuple[str, ...], aliases: Mapping[str, str], field: str = "") -> str:
+    """Case-insensitive choice among ``options`` (plus ``aliases``) with a did-you-mean when wrong."""
+    table = {**{o: o for o in options}, **aliases}
+    if isinstance(value, str) and value.lower() in table:
+        return table[value.lower()]
+    hint = ""
+    if isinstance(value, str) and (c := closest(value, table)) is not None:
+        hint = f"; did you mean {table[c]!r}?"
+    raise PydanticCustomError("option", "must be one of {listed}; got {given}{hint}",
+                              {"listed": ", ".join(repr(o) for o in options), "given": _given(value),
+                               "hint": hint, "field": field})
+
+
+def _option(options: tuple[str, ...]) -> BeforeValidator:
+    return BeforeValidator(lambda v: _pick(v, options, {}))
+
+
+Budget = Annotated[float, BeforeValidator(parse_budget)]
+Int = Annotated[int, Strict()]
+Bool = Annotated[bool, Strict()]
+Number = Annotated[float, Strict()]  # ints are numbers too; strings are not
+
+TASK_TYPES = ("multiclass", "multilabel", "segmentation")
+DATA_SOURCES = ("mni152", "synthetic", "npz")
+
+
+# --- sections ------------------------------------------------------------------------------------------------------
+class _Section(BaseModel):
+    """A mapping that refuses undeclared keys, naming the closest declared one."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=False)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _known_keys(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+        if not isinstance(data, Mapping) or all(k in cls.model_fields for k in data):
+            return handler(data)
+        valid = list(cls.model_fields)
+        errors: list[InitErrorDetails] = []
+        meant: set[str] = set()
+        for key in data:
+            if key not in cls.model_fields:
+                c = closest(str(key), valid)
+                if c:
+                    meant.add(c)
+                errors.append(InitErrorDetails(type=PydanticCustomError(
+                    "unknown_key", "unknown key `{key}`{hint} (valid keys: {valid})",
+                    {"key": str(key), "hint": f"; did you mean `{c}`?" if c else "", "valid": ", ".join(valid)}),
+                    loc=(), input=data))
+        # the known keys are checked too, so that every mistake is reported at once
+        try:
+            handler({k: v for k, v in data.items() if k in cls.model_fields})
+        except ValidationError as e:
+            errors += [InitErrorDetails(type=PydanticCustomError(err["type"], err["msg"], err.get("ctx")),
+                                        loc=err["loc"], input=err["input"])
+                       for err in e.errors(include_url=False)
+                       # `bulder: x` is one mistake: not also "`builder` is required"
+                       if not (err["type"] == "missing" and tuple(err["loc"]) in {(m,) for m in meant})]
+        raise ValidationError.from_exception_data(cls.__name__, errors)
+
+
+class ModelSection(_Section):
+    builder: str = Field(min_length=1)
+    kwargs: dict[str, Any] = {}
+    checkpoint: str | None = None
+
+
+class MultiClassTask(_Section):
+    type: Literal["multiclass"]
+
+
+class MultiLabelTask(_Section):
+    type: Literal["multilabel"]
+    threshold: Number = Field(0.5, gt=0.0, lt=1.0)
+
+
+class SegmentationTask(_Section):
+    type: Literal["segmentation"]
+    num_classes: Int = Field(ge=2)
+    include_background: Bool = False
+    ignore_index: Int | None = None
+    loss: Annotated[str, _option(("ce", "dice", "dicece"))] = "ce"
+    dice_threshold: Number = Field(0.5, ge=0.0, le=1.0)
+    target_fraction: Number = Field(0.99, ge=0.0, le=1.0)
+    squared_pred: Bool = False
+
+
+class Mni152Data(_Section):
+    source: Literal["mni152"]
+    n: Int = Field(8, ge=1)
+    kwargs: dict[str, Any] = {}
+
+
+class SyntheticData(_Section):
+    source: Literal["synthetic"]
+    n: Int = Field(8, ge=1)
+    kwargs: dict[str, Any] = {}
+
+
+class NpzData(_Section):
+    source: Literal["npz"]
+    path: str = Field(min_length=1)
+    n: Int | None = Field(None, ge=1)  # the first n cases; all when absent
+
+
+class ThreatSection(_Section):
+    norm: Annotated[str, _option(("linf", "l2"))] = "linf"
+    # required, but may be null (unbounded data)
+    bounds: Annotated[list[Number], Field(min_length=2, max_length=2)] | None
+    eps: Budget | None = None
+
+    @field_validator("bounds")
+    @classmethod
+    def _ordered(cls, b: list[float] | None) -> list[float] | None:
+        if b is not None and not (math.isfinite(b[0]) and math.isfinite(b[1]) and b[0] < b[1]):
+            raise PydanticCustomError("bounds", "must be [lo, hi] with finite lo < hi, or null; got {given}",
+                                      {"given": b})
+        return b
+
+
+class AttackEntry(BaseModel):
+    """``{name: pgd, label: pgd-50, steps: 50}`` or a bare ``pgd``; the other keys are the attack's
+    parameters, checked by its declarations when it is built."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1)
+    label: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_name(cls, data: Any) -> Any:
+        if isinstance(data, str):  # `- fgsm` is `- {name: fgsm}`
+            return {"name": data}
+        if isinstance(data, Mapping) and not data.get("name"):
+            raise PydanticCustomError("attack_name", "each entry of `attacks` needs a `name`, got {given}",
+                                      {"given": dict(data)})
+        return data
+
+    def params(self) -> dict[str, Any]:
+        """The attack's own parameters (every key but ``name`` and ``label``)."""
+        return dict(self.model_extra or {})
+
+
+def _normalise(field: str, options: tuple[str, ...], aliases: Mapping[str, str]) -> Any:
+    def before(value: Any) -> Any:
+        if isinstance(value, Mapping) and field in value:
+            value = dict(value)
+            value[field] = _pick(value[field], options, aliases, field)
+        return value
+
+    return BeforeValidator(before)
+
+
+def _tag(field: str, default: str) -> Discriminator:
+    # not a mapping: any branch, whose error then says "must be a mapping"
+    return Discriminator(lambda v: v.get(field) if isinstance(v, Mapping) else getattr(v, field, default),
+                         custom_error_type="missing_" + field,
+                         custom_error_message=f"needs `{field}`")
+
+
+TaskSection = Annotated[
+    Annotated[MultiClassTask, Tag("multiclass")] | Annotated[MultiLabelTask, Tag("multilabel")]
+    | Annotated[SegmentationTask, Tag("segmentation")],
+    _tag("type", "multiclass"),
+    _normalise("type", TASK_TYPES, {"multi_class": "multiclass", "multi_label": "multilabel"}),
+]
+DataSection = Annotated[
+    Annotated[Mni152Data, Tag("mni152")] | Annotated[SyntheticData, Tag("synthetic")]
+    | Annotated[NpzData, Tag("npz")],
+    _tag("source", "npz"),
+    _normalise("source", DATA_SOURCES, {}),
+]
+_TAGS = set(TASK_TYPES) | set(DATA_SOURCES)
+_BRANCHES = {"float", "int", "str", "bool", "nullable"}  # union branch names pydantic puts in error locations
+
+
+class AttackPlan(BaseModel):
+    """What :func:`medadv.config.build_attacks` reads: ``threat``, ``budgets``, ``attacks`` (other keys ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+    threat: ThreatSection
+    budgets: Annotated[list[Budget], Field(min_length=1)] | None = None
+    attacks: Annotated[list[AttackEntry], Field(min_length=1)]
+
+    def budget_list(self) -> list[float] | None:
+        """``budgets``, else ``[threat.eps]``, else ``None`` (only box attacks can run)."""
+        if self.budgets is not None:
+            return list(self.budgets)
+        return None if self.threat.eps is None else [self.threat.eps]
+
+
+class Config(_Section):
+    """The whole ``medadv evaluate`` config."""
+
+    model: ModelSection
+    task: TaskSection
+    data: DataSection
+    threat: ThreatSection
+    budgets: Annotated[list[Budget], Field(min_length=1)] | None = None  # data units; default [threat.eps]
+    attacks: Annotated[list[AttackEntry], Field(min_length=1)]
+    target: str | None = Field(None, min_length=1)  # background | least_likely | package.module:function
+    batch_size: Int = Field(8, ge=1)
+    output: str = Field("medadv-results", min_length=1)
+    seed: Int = 0
+    hd95: Bool = False
+    spacing: Number | Annotated[list[Number], Field(min_length=1)] | None = None  # voxel spacing for HD95
+
+    budget_list = AttackPlan.budget_list
+
+
+# --- errors --------------------------------------------------------------------------------------------------------
+def _given(value: Any) -> str:
+    if isinstance(value, float | int | str | bool) or value is None:
+        return f"{value!r} ({type(value).__name__})"
+    if isinstance(value, list | tuple | dict) and len(repr(value)) <= 60:
+        return repr(value)
+    return type(value).__name__
+
+
+def _where(loc: Sequence[str | int]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in _TAGS or part in _BRANCHES or "[" in part or part.startswith("function-"):
+            continue  # union branches and tags pydantic adds to the location: not keys of the config
+        else:
+            out += f".{part}" if out else part
+    return out
+
+
+_TYPE_TEXT = {
+    "int_type": "an integer", "int_from_float": "an integer", "int_parsing": "an integer",
+    "bool_type": "true or false (a YAML boolean, not text)", "bool_parsing": "true or false",
+    "float_type": "a number", "float_parsing": "a number", "string_type": "text",
+    "list_type": "a list", "dict_type": "a mapping", "model_type": "a mapping", "model_attributes_type": "a mapping",
+}
+_BOUND_TEXT = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
+
+
+def _message(err: Mapping[str, Any], where: str) -> str | None:
+    kind, ctx, given = err["type"], err.get("ctx") or {}, err.get("input")
+    subject = f"`{where}`" if where else "the config"
+    if kind == "unknown_key":
+        return f"unknown key `{ctx['key']}` in {subject}{ctx['hint']} (valid keys: {ctx['valid']})"
+    if kind == "option":
+        field = f"{where}.{ctx['field']}" if where and ctx.get("field") else where or ctx.get("field", "")
+        return f"`{field}` must be one of {ctx['listed']}; got {ctx['given']}{ctx['hint']}"
+    if kind == "attack_name":
+        return err["msg"] + (f" (in `{where}`)" if where else "")
+    if kind == "missing":
+        return f"{subject} is required" if where else "a required key is missing"
+    if kind in ("missing_type", "missing_source"):
+        field = kind.removeprefix("missing_")
+        return f"{subject} needs `{field}`"
+    if kind in _TYPE_TEXT:
+        return f"{subject} must be {_TYPE_TEXT[kind]}; got {_given(given)}"
+    if kind in _BOUND_TEXT:
+        bound = next(iter(ctx.values()))
+        return f"{subject} must be {_BOUND_TEXT[kind]} {bound}; got {_given(given)}"
+    if kind == "too_short" and ctx.get("min_length") == 1:
+        return f"{subject} must be a non-empty list; got {_given(given)}"
+    if kind in ("too_short", "too_long") and isinstance(given, list):
+        return f"{subject} must have {'at least' if kind == 'too_short' else 'at most'} " \
+               f"{ctx.get('min_length', ctx.get('max_length'))} entries; got {_given(given)}"
+    if kind == "literal_error":
+        return f"{subject} must be {ctx.get('expected')}; got {_given(given)}"
+    return f"{subject} {err['msg'][0].lower()}{err['msg'][1:]}" if err["msg"] else f"{subject} is invalid"
+
+
+def format_errors(exc: ValidationError, prefix: Sequence[str | int] = ()) -> list[str]:
+    """One line per mistake, each naming its place in the config (``data.n``, ``attacks[0]``)."""
+    lines: list[str] = []
+    errors = exc.errors(include_url=False)
+    # a value refused by every branch of a union gives one error per branch: keep the first of each place
+    seen: set[str] = set()
+    for err in errors:
+        where = _where([*prefix, *err["loc"]])
+        if where in seen and err["type"] not in ("unknown_key", "missing"):
+            continue
+        seen.add(where)
+        msg = _message(err, where)
+        if where == "attacks" and err["type"] == "too_short":
+            msg = f"`attacks` must be a non-empty list such as [{{name: pgd, steps: 10}}]; got {_given(err['input'])}"
+        if msg and msg not in lines:
+            lines.append(msg)
+    return lines
+
+
+@functools.cache
+def _adapter(tp: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(tp)
+
+
+def validate_section(tp: Any, data: Any, where: Sequence[str | int] = ()) -> Any:
+    """``data`` checked against ``tp`` (a section model such as :class:`ThreatSection`, or
+    :data:`TaskSection`), errors as :class:`ConfigError` located under ``where``."""
+    try:
+        return _adapter(tp).validate_python(data)
+    except ValidationError as e:
+        raise ConfigError(format_errors(e, where)) from None
+
+
+def validate_config(data: Any) -> Config:
+    """The whole config, checked; :class:`ConfigError` lists every mistake (one line each)."""
+    if not isinstance(data, Mapping):
+        raise ConfigError([f"the config must be a YAML mapping of sections (model, task, data, ...); "
+                           f"got {_given(data)}"])
+    return validate_section(Config, data)
+
