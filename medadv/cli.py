@@ -92,7 +92,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     def attempt(check: Callable[[], Any]) -> Any:
         try:
             return check()
-        except (ValueError, FileNotFoundError) as e:
+        except (ValueError, TypeError, FileNotFoundError) as e:
             errors.extend(str(e).splitlines())
             return None
 
@@ -203,9 +203,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as e:
-        # a mistake in the config or the command line (InvalidParameterError and ConfigError are
-        # ValueErrors): the message, not a traceback, unless asked for
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        # a mistake in the config or the command line (InvalidParameterError and ConfigError are ValueErrors;
+        # TypeError: an attack refusing a task or threat it does not apply to): the message, not a
+        # traceback, unless asked for
         if args.debug:
             traceback.print_exc()
         lines = [line for line in str(e).splitlines() if line.strip()] or [type(e).__name__]

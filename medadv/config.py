@@ -16,7 +16,7 @@ Example::
     attacks:
       - {name: fgsm}
       - {name: pgd, steps: 10}
-      - {name: pgd, label: pgd-50, steps: 50}   # same attack, other settings: a distinct label
+      - {name: pgd, id: pgd-50, steps: 50}      # same attack, other settings: a distinct id
       - {name: vafa, block: 8}                  # no ε-ball: run once on the data box
       - {name: dag}                             # targeted by nature: needs `target`
     target: background                          # background | least_likely | package.module:function
@@ -263,6 +263,16 @@ def _threat(spec: ThreatSection, eps: float) -> Threat:
     return (Linf if spec.norm == "linf" else L2)(eps, bounds=_box(spec))
 
 
+def _relative_paths(value: Any, base_dir: str | None) -> Any:
+    """Component files (``generator: {checkpoint: gap.pt}``) are relative to the config's folder, like
+    ``model.checkpoint`` and ``data.path``."""
+    if base_dir and isinstance(value, Mapping) and isinstance(value.get("checkpoint"), str):
+        path = Path(value["checkpoint"])
+        if not path.is_absolute():
+            return {**value, "checkpoint": str(Path(base_dir) / path)}
+    return value
+
+
 def build_attacks(cfg: Mapping[str, Any], task: Task) -> dict[str, Attack]:
     """Every attack of the config, by label.
 
@@ -277,7 +287,9 @@ def build_attacks(cfg: Mapping[str, Any], task: Task) -> dict[str, Attack]:
     out: dict[str, Attack] = {}
     for entry in plan.attacks:
         cls = attack_class(entry.name)  # an unknown name gets the closest registered one
-        label = entry.label or cls.name  # to run one attack with two settings: give each a label
+        # to run one attack with two settings, give each entry an `id` (or a `label`)
+        label, params = entry.entry_name(cls.param_names(), cls.name)
+        params = {k: _relative_paths(v, cfg.get("_dir")) for k, v in params.items()}
         made: dict[str, Threat | Box]
         if cls.threat_kind == "box":
             made = {label: box}
@@ -289,9 +301,13 @@ def build_attacks(cfg: Mapping[str, Any], task: Task) -> dict[str, Attack]:
             made = {f"{label}@{eps:.6g}": _threat(plan.threat, eps) for eps in budgets}
         for key, threat in made.items():
             if key in out:
-                raise ConfigError([f"two `attacks` entries are both called {label!r}; give them distinct `label`s"])
+                raise ConfigError([f"two `attacks` entries are both called {label!r}; give them distinct `id`s"])
             try:
-                out[key] = get_attack(cls.name, task, threat, **entry.params())
+                out[key] = get_attack(cls.name, task, threat, **params)
+                if getattr(out[key], "trained", True) is False:  # refuse before any other attack runs
+                    raise InvalidParameterError(
+                        "the generator of GAP is built fresh from its name and untrained: give "
+                        "`generator: {checkpoint: gap.pt}` (a file written by medadv.GAPTrainer)")
             except InvalidParameterError as e:
                 raise InvalidParameterError(f"`attacks` entry {label!r}: {e}") from None
     return out

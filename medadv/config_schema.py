@@ -190,12 +190,15 @@ class ThreatSection(_Section):
 
 
 class AttackEntry(BaseModel):
-    """``{name: pgd, label: pgd-50, steps: 50}`` or a bare ``pgd``; the other keys are the attack's
-    parameters, checked by its declarations when it is built."""
+    """``{name: pgd, id: pgd-50, steps: 50}`` or a bare ``pgd``; the other keys are the attack's
+    parameters, checked by its declarations when it is built. ``id`` names the entry (``label`` too, for
+    attacks that have no ``label`` parameter of their own: for the saliency attacks ``label`` is the class
+    whose map is attacked)."""
 
     model_config = ConfigDict(extra="allow")
     name: str = Field(min_length=1)
-    label: str | None = None
+    id: str | None = Field(default=None, min_length=1)
+    label: Any = None
 
     @model_validator(mode="before")
     @classmethod
@@ -208,8 +211,20 @@ class AttackEntry(BaseModel):
         return data
 
     def params(self) -> dict[str, Any]:
-        """The attack's own parameters (every key but ``name`` and ``label``)."""
+        """The attack's own parameters (every key but ``name``, ``id`` and an entry-naming ``label``)."""
         return dict(self.model_extra or {})
+
+    def entry_name(self, attack_params: Sequence[str], default: str) -> tuple[str, dict[str, Any]]:
+        """``(name of the entry, the attack's parameters)``: ``label`` goes to the attack when it declares one."""
+        params = self.params()
+        if "label" in attack_params:
+            if self.label is not None:
+                params["label"] = self.label
+            return self.id or default, params
+        if self.label is not None and not isinstance(self.label, str):
+            raise ValueError(f"`label` of the `attacks` entry {self.name!r} names the entry and must be a string, "
+                             f"got {self.label!r}")
+        return self.id or self.label or default, params
 
 
 def _normalise(field: str, options: tuple[str, ...], aliases: Mapping[str, str]) -> Any:

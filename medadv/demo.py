@@ -9,9 +9,11 @@
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -24,6 +26,8 @@ from .tasks import Segmentation
 from .threats import Linf
 
 __all__ = ["DemoConfig", "build_demo_model", "run_demo"]
+
+T = TypeVar("T")
 
 CHECKPOINT_VERSION = 1
 
@@ -44,6 +48,19 @@ class DemoConfig:
                 f"_e{self.epochs}_c{ch}_seed{self.seed}.pt")
 
 
+def _own_rng(fn: Callable[..., T]) -> Callable[..., T]:
+    """Run ``fn`` on a private copy of torch's global RNG: the demo seeds it for reproducible weights,
+    and medadv never leaves the caller's global RNG state changed."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        with torch.random.fork_rng(devices=[]):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@_own_rng
 def build_demo_model(cfg: DemoConfig, *, cache: Path | None = None, retrain: bool = False,
                      progress: bool = True, echo=print) -> torch.nn.Module:
     """The demo UNet: loaded from the cache, or trained on MNI152 crops and cached."""
@@ -66,6 +83,7 @@ def build_demo_model(cfg: DemoConfig, *, cache: Path | None = None, retrain: boo
     return model.eval()
 
 
+@_own_rng
 def run_demo(cfg: DemoConfig | None = None, *, cache: Path | None = None, retrain: bool = False,
              progress: bool = True, echo=print) -> dict[str, Any]:
     """Train (or load) the demo model, attack it, print Dice per tissue; returns the results."""

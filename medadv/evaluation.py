@@ -11,8 +11,9 @@ import torch
 from torch import Tensor, nn
 
 from .attacks.base import Attack, AttackDetails, attack_mode, check_input, model_device
-from .params import stable_hash
+from .params import object_settings, stable_hash
 from .results import DETAIL_PREFIX, Results
+from .runtime import forward_tensor
 from .tasks import MultiClass, MultiLabel, Segmentation, Task
 
 __all__ = ["evaluate", "sample_rows", "detail_rows"]
@@ -60,8 +61,8 @@ def _fingerprint(weights: str, task: Task, attack: Attack, hd95: bool, spacing: 
     if target_fn is not None and _targeted(attack):
         target = f"{getattr(target_fn, '__module__', '')}.{getattr(target_fn, '__qualname__', repr(target_fn))}"
     spacing = list(spacing) if isinstance(spacing, Sequence) and not isinstance(spacing, str) else spacing
-    return stable_hash({"model": weights, "task": repr(task), "attack": attack.fingerprint(), "hd95": bool(hd95),
-                        "spacing": spacing, "target_fn": target})
+    return stable_hash({"model": weights, "task": object_settings(task), "attack": attack.fingerprint(),
+                        "hd95": bool(hd95), "spacing": spacing, "target_fn": target})
 
 
 def _targeted(attack: Attack) -> bool:
@@ -248,7 +249,7 @@ def evaluate(
                 continue
             x_d, y_d = x.to(device), y.to(device)
             with attack_mode(model), torch.no_grad():
-                clean_logits = model(x_d)
+                clean_logits = forward_tensor(model, x_d)  # clear errors: list outputs, no batch dim
             task.validate(clean_logits, y_d, "y")
             for name, atk in todo:
                 target = target_fn(x_d, y_d, clean_logits) if target_fn is not None and _targeted(atk) else y_d

@@ -44,6 +44,7 @@ __all__ = [
     "closest",
     "look_up_option",
     "stable_hash",
+    "object_settings",
 ]
 
 
@@ -501,6 +502,13 @@ def _canonical(v: Any) -> Any:
     if callable(fp):
         return {"class": type(v).__qualname__, "fingerprint": fp()}
     return repr(v)
+
+
+def object_settings(obj: Any) -> dict[str, Any]:
+    """The public attributes of a plain settings object (a Task): its class and every setting, so a hash
+    of it changes with any of them (``repr`` may show only some)."""
+    return {"class": f"{type(obj).__module__}.{type(obj).__qualname__}",
+            **{k: v for k, v in sorted(vars(obj).items()) if not k.startswith("_")}}
 
 
 def stable_hash(payload: Any) -> str:

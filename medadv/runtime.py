@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["model_device", "attack_mode", "check_input", "check_model", "make_generator", "forward_tensor"]
+__all__ = ["model_device", "attack_mode", "check_input", "check_model", "make_generator", "forward_tensor",
+           "unbatched_hint"]
 
 
 def model_device(model: nn.Module, default: torch.device | None = None) -> torch.device:
@@ -80,7 +81,7 @@ def check_model(model: Any, name: str = "model") -> nn.Module:
     return model
 
 
-def _unbatched_hint(model: nn.Module, x: Tensor, name: str = "x") -> str | None:
+def unbatched_hint(model: nn.Module, x: Tensor, name: str = "x") -> str | None:
     """A message when ``x`` has one dimension fewer than the model's first convolution takes (no batch dim)."""
     conv = next((m for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd)), None)
     if conv is None or x.ndim != len(conv.kernel_size) + 1:
@@ -96,13 +97,13 @@ def forward_tensor(model: nn.Module, x: Tensor) -> Tensor:
     try:
         out = model(x)
     except RuntimeError as err:
-        hint = _unbatched_hint(model, x)
+        hint = unbatched_hint(model, x)
         if hint is None:
             raise
         raise ValueError(hint) from err
     if isinstance(out, Tensor):
         if out.ndim == 0 or out.shape[0] != x.shape[0]:
-            hint = _unbatched_hint(model, x)
+            hint = unbatched_hint(model, x)
             raise ValueError(hint or f"the model's output of shape {tuple(out.shape)} does not keep the batch "
                              f"size {x.shape[0]} of `x` {tuple(x.shape)}; medadv needs batch-first outputs")
         return out

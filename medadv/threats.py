@@ -157,12 +157,20 @@ class Box:
             )
 
     def data_range(self, x: Tensor | None = None) -> float:
-        """``hi − lo`` as one number (the widest channel for per-channel bounds; ``x``'s range if unbounded)."""
+        """``hi − lo`` as one number (``x``'s range if unbounded). Per-channel bounds of different widths have
+        none: ``ValueError`` (defaults relative to the data range then need an explicit value)."""
         if self.bounds is None:
             if x is None:
                 raise ValueError("an unbounded Box has no data range; pass the data")
             return float(x.max() - x.min()) or 1.0
-        return float((torch.as_tensor(self.bounds[1]) - torch.as_tensor(self.bounds[0])).max())
+        width = torch.as_tensor(self.bounds[1]) - torch.as_tensor(self.bounds[0])
+        if width.numel() > 1 and not bool((width == width.flatten()[0]).all()):
+            # e.g. one channel in [0, 1] and one in HU: a default "fraction of the data range" would move
+            # the narrow channel by its whole range; the caller must give the value in data units
+            raise ValueError(f"the box {self.describe()} has per-channel ranges of different widths "
+                             f"({', '.join(f'{w:.6g}' for w in width.flatten().tolist())}): there is no single data "
+                             "range; give the step/size explicitly in data units")
+        return float(width.flatten()[0])
 
     def describe(self) -> str:
         if self.bounds is None:

@@ -128,7 +128,7 @@ def test_config_errors_name_the_problem():
     from medadv.tasks import MultiClass
 
     base = {"threat": {"norm": "linf", "bounds": [0.0, 1.0]}, "budgets": [0.1]}
-    with pytest.raises(ValueError, match="distinct `label`"):
+    with pytest.raises(ValueError, match="distinct `id`"):
         build_attacks({**base, "attacks": [{"name": "pgd", "steps": 2}, {"name": "pgd", "steps": 5}]}, MultiClass())
     two = build_attacks({**base, "attacks": [{"name": "pgd", "steps": 2}, {"name": "pgd", "label": "pgd5", "steps": 5}]},
                         MultiClass())

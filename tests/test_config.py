@@ -7,7 +7,7 @@ import torch
 import yaml
 
 import medadv  # noqa: F401  (registers every attack)
-from medadv.attacks.base import attack_class, available_attacks
+from medadv.attacks.base import attack_class, available_attacks, get_attack
 from medadv.config import build_attacks, build_target_fn
 from medadv.params import InvalidParameterError
 from medadv.tasks import MultiClass, MultiLabel, Segmentation
@@ -32,6 +32,10 @@ def _cfg(entries, **over):
 @pytest.mark.parametrize("name", available_attacks())
 def test_every_registered_attack_builds_from_its_name(name):
     cls = attack_class(name)
+    if name == "gap":  # a generator built fresh from its name is untrained: refused before anything runs
+        with pytest.raises(ValueError, match="untrained: give `generator: {checkpoint: gap.pt}`"):
+            build_attacks(_cfg([{"name": name}]), _task_for(name))
+        return
     built = build_attacks(_cfg([{"name": name}]), _task_for(name))
     if cls.threat_kind == "box":
         # no ε-ball: the threat's data box, once, budget None
@@ -117,3 +121,28 @@ def test_target_functions():
     assert build_target_fn("medadv.attacks.dag:dag_target_a", seg).__name__ == "dag_target_a"
     with pytest.raises(ValueError, match=r"did you mean 'background'"):
         build_target_fn("backgrund", seg)
+
+
+def test_label_names_the_entry_unless_the_attack_has_a_label_parameter():
+    task = MultiLabel()
+    built = build_attacks(_cfg([{"name": "saliency_relevance", "label": 2, "id": "rel-2"}]), task)
+    assert list(built) == ["rel-2@0.05", "rel-2@0.1"] and built["rel-2@0.05"].label == 2
+    built = build_attacks(_cfg([{"name": "saliency_relevance", "label": 1}]), task)
+    assert list(built) == ["saliency_relevance@0.05", "saliency_relevance@0.1"]
+    assert built["saliency_relevance@0.1"].label == 1
+    built = build_attacks(_cfg([{"name": "pgd", "label": "pgd-a"}, {"name": "pgd", "id": "pgd-b", "steps": 3}]), task)
+    assert list(built) == ["pgd-a@0.05", "pgd-a@0.1", "pgd-b@0.05", "pgd-b@0.1"]
+
+
+def test_component_checkpoints_are_relative_to_the_config_folder(tmp_path):
+    from medadv.models.generators import UnetGenerator
+    from medadv.training import GAPTrainer
+
+    task = MultiLabel()
+    gap = get_attack("gap", task, Linf(0.05, bounds=(0.0, 1.0)), generator=UnetGenerator(1, ngf=4, depth=2))
+    x = torch.rand(4, 1, 16, 16)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(256, 3))
+    GAPTrainer(gap, model, epochs=1, checkpoint=str(tmp_path / "gap.pt")).fit(x)
+    cfg = {**_cfg([{"name": "gap", "generator": {"checkpoint": "gap.pt"}}]), "_dir": str(tmp_path)}
+    built = build_attacks(cfg, task)
+    assert built["gap@0.05"].trained

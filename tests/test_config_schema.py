@@ -42,7 +42,7 @@ def test_documented_configs_stay_valid():
     cfg = validate_config(yaml.safe_load(inspect.cleandoc("\n" + block)))
     assert cfg.budget_list() == [0.0157, 0.0627] and cfg.batch_size == 4 and cfg.target == "background"
     assert [a.name for a in cfg.attacks] == ["fgsm", "pgd", "pgd", "vafa", "dag"]
-    assert cfg.attacks[2].label == "pgd-50" and cfg.attacks[2].params() == {"steps": 50}
+    assert cfg.attacks[2].id == "pgd-50" and cfg.attacks[2].params() == {"steps": 50}
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     m = re.search(r"## Evaluation from a config\s+```yaml\n(.*?)```", readme, re.S)
     assert m, "README's config block moved"
@@ -180,7 +180,7 @@ def test_load_config_fills_defaults_and_reports_yaml_errors(tmp_path):
     p.write_text(yaml.safe_dump(BASE).replace("- 0.1", "- 8/255"))
     cfg = load_config(p)
     assert cfg["budgets"] == [8 / 255] and cfg["batch_size"] == 8 and cfg["_dir"] == str(tmp_path.resolve())
-    assert cfg["attacks"] == [{"name": "fgsm", "label": None}]
+    assert cfg["attacks"] == [{"name": "fgsm", "id": None, "label": None}]
     p.write_text("- a list\n- not a mapping\n")
     with pytest.raises(ConfigError, match="must be a YAML mapping"):
         load_config(p)

@@ -118,3 +118,24 @@ def test_helpers():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert Bool().check(True, "flag") is True
+
+
+def test_task_settings_change_the_attack_fingerprint():
+    # repr(Segmentation) does not show dice_threshold, but `fooled` and best-iterate choices depend on it
+    from medadv.attacks import PGD
+    from medadv.tasks import Segmentation
+    from medadv.threats import Linf
+
+    threat = Linf(0.1, bounds=(0.0, 1.0))
+    a = PGD(Segmentation(3, dice_threshold=0.0), threat).fingerprint()
+    assert a != PGD(Segmentation(3, dice_threshold=1.0), threat).fingerprint()
+    assert a == PGD(Segmentation(3, dice_threshold=0.0), threat).fingerprint()
+
+
+def test_per_channel_boxes_of_different_widths_have_no_single_data_range():
+    from medadv.threats import Box
+
+    assert Box(torch.zeros(2, 1, 1), torch.ones(2, 1, 1)).data_range() == 1.0
+    mixed = Box(torch.tensor([0.0, -1024.0]).reshape(2, 1, 1), torch.tensor([1.0, 3071.0]).reshape(2, 1, 1))
+    with pytest.raises(ValueError, match="per-channel ranges of different widths .*give the step/size explicitly"):
+        mixed.data_range()

@@ -161,6 +161,19 @@ class AutoAttack(Attack):
         with torch.random.fork_rng(devices=devices), torch.enable_grad():
             aa = _AutoAttack(box, attacks=self.attacks, device=x.device, eps=box.unit_eps(threat.eps),
                              norm=norm, seed=seed, version=self.version)
+            # APGD-T and FAB-T try 9 target classes (the top non-true ones); a model with K <= 9 classes has
+            # only K - 1, and pyautoattack would index past the logits: cap at K - 1
+            num_classes = int(logits.shape[1]) if logits is not None else int(box(u[:1]).shape[1])
+            # DLR divides by z_π1 − (z_π3 + z_π4)/2 (targeted) or z_π1 − z_π3: it needs 4 (3) classes
+            need = {"apgd-t": 4, "apgd-dlr": 3}
+            short = [m for m in aa.attacks_to_run if need.get(m, 2) > num_classes]
+            if short:
+                raise ValueError(
+                    f"AutoAttack's {', '.join(short)} need(s) at least {max(need[m] for m in short)} classes (the DLR "
+                    f"loss reads the 3rd/4th largest logit); this model has {num_classes}. Use "
+                    "version='custom' with attacks=['apgd-ce', 'fab', 'square'] (or medadv's APGD)")
+            for member in (aa.apgd_targeted, aa.fab):
+                member.n_target_classes = min(member.n_target_classes, num_classes - 1)
             u_adv, _ = aa.run_standard_evaluation(u, y, batch_size=self.batch_size or x.shape[0])
         # back in data units, exactly inside the ball and bounds (undo the unit-box round-off)
         return threat.finalize(x, box.decode(u_adv.to(x), x))

@@ -193,9 +193,10 @@ class Attack(Configurable, ABC):
         return type(self)(self.task, self.threat_or_box, **new)
 
     def fingerprint(self) -> str:
-        from ..params import stable_hash
+        from ..params import object_settings, stable_hash
 
-        return stable_hash({"attack": super().fingerprint(), "task": repr(self.task),
+        # every task setting (dice_threshold, target_fraction, ... decide `fooled` and best-iterate choices)
+        return stable_hash({"attack": super().fingerprint(), "task": object_settings(self.task),
                             "threat": self.threat_or_box.fingerprint()})
 
     # --- the call ------------------------------------------------------------------------------------------

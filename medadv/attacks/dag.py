@@ -170,7 +170,8 @@ class DAGDetails(AttackDetails):
     """DAG's per-sample results (the declared ``columns`` become result-table columns).
 
     Attributes:
-        fooled_fraction: share of the target region at its adversarial label on ``x_adv``, ``(N,)``.
+        fooled_fraction: share of the target region at its adversarial label on ``x_adv``, ``(N,)``
+            (NaN for a sample whose target region is empty).
         iterations: steps that moved the sample (a stopped sample no longer moves), ``(N,)``.
         mse: mean squared perturbation (data units squared), ``(N,)``.
         ssim: SSIM between ``x`` and ``x_adv`` over the box's data range (Gaussian window ≤ 7), ``(N,)``.
@@ -355,6 +356,13 @@ class DAG(IterativeAttack):
             return self.threat.finalize(ctx.x, v)
         return self.box.clip(v)
 
+    def _ssim_range(self, x: Tensor) -> float:
+        """SSIM's data range: the box's width (the widest channel's for per-channel boxes), else x's range."""
+        if not self.box.bounded:
+            return float(x.max() - x.min()) or 1.0
+        lo, hi = self.box.lohi(x)
+        return float((hi - lo).max())
+
     def details(self, model: nn.Module, out: EngineOutput) -> DAGDetails:
         ctx = out.ctx
         x, x_adv = ctx.x, out.x_adv
@@ -366,10 +374,12 @@ class DAG(IterativeAttack):
         delta = x_adv - x
         win = min(7, *[s - (1 - s % 2) for s in x.shape[2:]])
         return DAGDetails(
-            fooled_fraction=hit.to(x.dtype) / size.clamp_min(1).to(x.dtype),
+            # an empty target region has no share to report (NaN, not 0: nothing failed to flip)
+            fooled_fraction=torch.where(size > 0, hit.to(x.dtype) / size.clamp_min(1).to(x.dtype),
+                                        torch.full_like(hit, float("nan"), dtype=x.dtype)),
             iterations=out.iterations,
             mse=mse(x, x_adv),
-            ssim=ssim(x, x_adv, data_range=self.box.data_range(x), win_size=max(1, win)),
+            ssim=ssim(x, x_adv, data_range=self._ssim_range(x), win_size=max(1, win)),
             target_region_size=size,
             linf=per_sample_norm(delta, float("inf")),
             l2=per_sample_norm(delta, 2.0),

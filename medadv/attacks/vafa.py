@@ -19,6 +19,7 @@ change, not a frequency-domain one: ``renormalize="none"`` turns it off (reconst
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from torch import Tensor, nn
 from ..dct import crop, dct_blocks, from_blocks, idct_blocks, pad_to_multiple, to_blocks
 from ..metrics.image import _blur, _gaussian
 from ..params import Bool, Constraint, Int, InvalidParameterError, Options, Real, renamed
-from ..tasks import Task
+from ..tasks import Segmentation, Task
 from ..threats import Box
 from .base import AttackDetails, register
 from .dag import bounds_keyword
@@ -210,6 +211,7 @@ class _FrequencyAttack(IterativeAttack):
         "alpha_start": Real(low=0, high=1, low_open=True, high_open=True),
         "alpha_end": Real(low=0, high=1, low_open=True, high_open=True),
         "step_size": Real(low=0, low_open=True),
+        "squared_pred": Bool(),
     }
     positional: ClassVar[tuple[str, ...]] = ("task", "box")
     aliases: ClassVar[dict[str, str]] = {"q_step": "step_size"}  # for configs and get_attack
@@ -217,11 +219,25 @@ class _FrequencyAttack(IterativeAttack):
     q_max: float
     block: tuple[int, ...]
     use_ssim: bool
+    squared_pred: bool
     ssim_window: int
     renormalize: str
     alpha_start: float
     alpha_end: float
     step_size: float
+
+    @property
+    def _loss_task(self) -> Task:
+        """The task whose loss VAFA ascends: the caller's, with the Dice denominator squared when
+        ``squared_pred`` (Hanif et al.'s and Malik et al.'s DiceCE) — the caller's task is not changed."""
+        if not isinstance(self.task, Segmentation) or not self.squared_pred or self.task.squared_pred:
+            return self.task
+        cached = self.__dict__.get("_loss_task_cache")
+        if cached is None:
+            cached = copy.copy(self.task)
+            cached.squared_pred = True
+            self.__dict__["_loss_task_cache"] = cached
+        return cached
 
     def _init_frequency(self, values: dict[str, Any]) -> None:
         """Common checks once the declared parameters are stored (cross-parameter constraints only)."""
@@ -335,7 +351,7 @@ class _FrequencyAttack(IterativeAttack):
         logits = self.forward(model, self._to_data(u_adv, ctx))
         if ctx.shared.pop("validate_y", False):
             self.task.validate(logits, ctx.y, "y")
-        loss = self.task.loss(logits, ctx.y)
+        loss = self._loss_task.loss(logits, ctx.y)
         ctx.shared["losses"].append(loss.detach())
         obj = -loss if self.targeted else loss
         if self.use_ssim:
@@ -366,8 +382,9 @@ class VAFA(_FrequencyAttack):
     """VAFA on 3-D volumes ``(N, C, H, W, D)``: learnable quantisation of 3-D block DCTs.
 
     The papers' loss is DiceCE with MONAI's ``squared_pred=True`` (Hanif et al.'s and Malik et al.'s code):
-    build the attack with ``Segmentation(K, loss="dicece", include_background=True, squared_pred=True)`` to
-    reproduce them (see ``benchmarks/vafa.md`` for the effect of ``squared_pred``). VAFA uses the task's
+    with ``squared_pred=True`` (default) VAFA ascends the task's Dice term with squared probabilities in the
+    denominator whatever the task's own setting; use ``Segmentation(K, loss="dicece",
+    include_background=True)`` to reproduce the papers (see ``benchmarks/vafa.md`` for the effect of ``squared_pred``). VAFA uses the task's
     loss as given.
 
     Args:
@@ -385,6 +402,8 @@ class VAFA(_FrequencyAttack):
             last spatial dim indexes slices), as in the reference code — or ``"none"`` (grey / 255).
         alpha_start, alpha_end: soft-rounding α annealed linearly over the steps (0.1 → 1e-20).
         step_size: signed step on q, in grey levels (1). Formerly ``q_step``.
+        squared_pred: Dice term with squared probabilities and targets in the denominator, as the papers'
+            code (True); False uses the task's Dice as it is. Only matters for Dice/DiceCE task losses.
         amp: forward/backward under bf16 autocast on CUDA.
         targeted: descend the loss towards a target map instead of ascending it.
         seed: unused (VAFA is deterministic); kept for the common signature.
@@ -415,6 +434,7 @@ class VAFA(_FrequencyAttack):
         alpha_start: float = 0.1,
         alpha_end: float = 1e-20,
         step_size: float = 1.0,
+        squared_pred: bool = True,
         amp: bool = False,
         targeted: bool = False,
         seed: int | None = 0,
@@ -460,6 +480,7 @@ class VAFA2D(_FrequencyAttack):
         alpha_start: float = 0.1,
         alpha_end: float = 1e-20,
         step_size: float = 1.0,
+        squared_pred: bool = True,
         amp: bool = False,
         targeted: bool = False,
         seed: int | None = 0,

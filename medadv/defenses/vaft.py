@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from ..attacks.base import Attack
 from ..attacks.vafa import VAFA
 from ..dct import dct
-from ..params import Configurable, Constraint, Instance, Optional, Real
+from ..params import Configurable, Constraint, Instance, Optional, Real, renamed
 from ..tasks import Segmentation, Task
 from ..threats import Bounds, Box
 from .base import TrainingStrategy
@@ -58,7 +58,7 @@ class VAFT(TrainingStrategy, Configurable):
         attack: the train-time attack; default a :class:`~medadv.attacks.vafa.VAFA` built on first use
             for the loop's task with ``attack_kwargs`` (README recipe: q_max 20, 20 steps, 32³ blocks,
             SSIM on). Pass a :class:`~medadv.attacks.vafa.VAFA2D` (or any segmentation attack) to change it.
-        bounds: the data box of the inputs (a :class:`~medadv.threats.Box` or ``(lo, hi)`` in data units),
+        box: the data box of the inputs (a :class:`~medadv.threats.Box` or ``(lo, hi)`` in data units),
             for the default attack; required when no ``attack`` is given.
         clean_weight, adv_weight, freq_weight: weights of the three terms (all 1 in the paper).
         attack_kwargs: keyword arguments for the default VAFA (e.g. ``block=8, steps=5``), checked against
@@ -71,25 +71,26 @@ class VAFT(TrainingStrategy, Configurable):
     name = "vaft"
     params: ClassVar[dict[str, Constraint]] = {
         "attack": Optional(Instance(Attack, text="a medadv segmentation attack (VAFA, VAFA2D, ...)")),
-        "bounds": Optional(_BoxLike()),
+        "box": Optional(_BoxLike()),
         "clean_weight": Real(low=0),
         "adv_weight": Real(low=0),
         "freq_weight": Real(low=0),
         "attack_kwargs": Optional(Instance(Mapping, text="a mapping of VAFA parameters")),
     }
     attack: Attack | None
-    bounds: Box | None
+    box: Box | None
     clean_weight: float
     adv_weight: float
     freq_weight: float
     attack_kwargs: Mapping[str, Any] | None
 
-    def __init__(self, attack: Attack | None = None, *, bounds: Box | Bounds | None = None,
+    @renamed(bounds="box")
+    def __init__(self, attack: Attack | None = None, *, box: Box | Bounds | None = None,
                  clean_weight: float = 1.0, adv_weight: float = 1.0, freq_weight: float = 1.0,
                  attack_kwargs: Mapping[str, Any] | None = None) -> None:
         self._init_params(locals())
-        if attack is None and self.bounds is None:
-            raise ValueError("`bounds` (the data box, Box(lo, hi) in data units) is required when no `attack` "
+        if attack is None and self.box is None:
+            raise ValueError("`box` (the data box, Box(lo, hi) in data units) is required when no `attack` "
                              "is given")
         # unknown or misspelt VAFA parameters fail here, not at the first batch
         self._vafa_kwargs = VAFA.check_kwargs(dict(self.attack_kwargs or {}), what="VAFA (attack_kwargs)")
@@ -99,8 +100,8 @@ class VAFT(TrainingStrategy, Configurable):
         # the default attack is built for the loop's task on first use (the strategy has no task before);
         # from then on `attack` is that VAFA
         if self.attack is None:
-            assert self.bounds is not None
-            self.attack = VAFA(task, self.bounds, **self._vafa_kwargs)
+            assert self.box is not None
+            self.attack = VAFA(task, self.box, **self._vafa_kwargs)
         return self.attack
 
     def loss(self, model: nn.Module, x: Tensor, y: Tensor, task: Task, generator: torch.Generator) -> Tensor:

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from ..params import Configurable, Constraint, InvalidParameterError, closest
-from ..runtime import attack_mode
+from ..runtime import attack_mode, check_input, check_model, unbatched_hint
 
 __all__ = [
     "Explanation",
@@ -183,14 +183,12 @@ class Explanation(Configurable, ABC):
 
 
 def _check_model_and_input(model: Any, x: Any) -> None:
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}")
-    if not isinstance(x, Tensor) or not x.is_floating_point():
-        raise TypeError("`x` must be a floating-point torch.Tensor")
-    if x.ndim < 3 or x.shape[0] == 0:
-        raise ValueError(f"`x` must be a non-empty batch (N, C, *spatial), got shape {tuple(x.shape)}")
-    if not torch.isfinite(x).all():
-        raise ValueError("`x` contains NaN or Inf values")
+    # the same checks and messages as attacks: meta tensors/models, batch-first inputs, finite values
+    check_model(model)
+    check_input(x)
+    hint = unbatched_hint(model, x)
+    if hint is not None:
+        raise ValueError(hint)
 
 
 def class_maps(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from medadv.adapters import robustbench as mrb
 from medadv.attacks.autoattack import AutoAttack
@@ -134,3 +135,26 @@ def test_autoattack_leaves_the_global_rng_alone(trained_multiclass):
     assert torch.equal(torch.rand(8), expected)
     # still seeded: the same seed gives the same adversarial tensor
     assert torch.equal(atk(t.model, t.x[:8], t.y[:8]).x_adv, first.x_adv)
+
+
+def test_autoattack_refuses_members_that_need_more_classes():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 2)).eval()
+    with pytest.raises(ValueError, match=r"apgd-t need\(s\) at least 4 classes .* has 2\. Use version='custom'"):
+        AutoAttack(MultiClass(), Linf(1e-4, bounds=(0.0, 1.0)))(model, torch.rand(3, 1, 4, 4))
+    res = AutoAttack(MultiClass(), Linf(1e-4, bounds=(0.0, 1.0)), version="custom",
+                     attacks=["apgd-ce", "fab", "square"])(model, torch.rand(3, 1, 4, 4))
+    assert res.linf.max() <= 1e-4 + 1e-7
+
+
+@pytest.mark.parametrize("num_classes", [4, 6])
+def test_autoattack_standard_runs_on_models_with_fewer_than_ten_classes(num_classes):
+    # APGD-T and FAB-T take 9 target classes by default; with K <= 9 classes only K - 1 exist
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, num_classes)).eval()
+    x = torch.rand(3, 1, 4, 4)
+    y = model(x).argmax(1)
+    threat = Linf(1e-4, bounds=(0.0, 1.0))  # too small to fool with APGD-CE: the targeted members run too
+    res = AutoAttack(MultiClass(), threat, version="standard")(model, x, y)
+    assert (res.x_adv - x).abs().max() <= 1e-4 + 1e-7
+    assert res.x_adv.min() >= 0.0 and res.x_adv.max() <= 1.0

@@ -165,6 +165,10 @@ def small_params(cls: type[Attack], s: Setting) -> dict[str, Any]:
             out[k] = v
     if "generator" in names:
         out["generator"] = make_generator(s)
+    if s.channels > 1 and "step_size" in names and declared["step_size"].accepts(0.01) and "step_size" not in out:
+        # per-channel ranges of different widths have no single data range: defaults relative to it are
+        # refused, so the step is given in data units (the refusal itself is tested in tests/test_params.py)
+        out["step_size"] = 0.01
     return out
 
 

@@ -210,3 +210,16 @@ def test_dag_stopped_sample_never_moves_and_empty_region(trained_seg3d):
     # the other samples ran exactly as alone (per-sample stop, batch compaction)
     alone = DAG(task, UNIT, step_size=0.01, steps=40, check_every=4)(m, x[[0]], ya[[0]], target_mask=mask[[0]])
     torch.testing.assert_close(alone.x_adv[0], res.x_adv[0], atol=1e-5, rtol=0)
+
+
+def test_empty_target_region_reports_nan_not_zero(trained_seg2d):
+    # nothing to flip: the target already equals the prediction; the share is undefined, not a failure
+    m, task, x = trained_seg2d.model, trained_seg2d.task, trained_seg2d.x[:2]
+    with torch.no_grad():
+        pred = m(x).argmax(1)
+    mask = torch.zeros_like(pred, dtype=torch.bool)
+    mask[1, :2, :2] = pred[1, :2, :2] != 0
+    res = DAG(task, UNIT, step_size=0.01, steps=5)(m, x, torch.where(mask, torch.zeros_like(pred), pred),
+                                                   target_mask=mask)
+    assert torch.isnan(res.details.fooled_fraction[0])
+    assert res.details.target_region_size[0] == 0

@@ -251,3 +251,17 @@ def test_ssim_to_reference_equals_ssim_with_its_own_gradient(ndim):
     (g2,) = torch.autograd.grad((theirs * w).sum(), b)
     torch.testing.assert_close(g1, g2, rtol=1e-9, atol=1e-12)
     assert torch.autograd.gradcheck(lambda t: ssim_to_reference(t, ref, ndim, 3), (b,))
+
+
+def test_vafa_ascends_the_papers_squared_dice_without_changing_the_task(trained_seg3d):
+    t = trained_seg3d
+    task = Segmentation(t.task.num_classes, loss="dicece", include_background=True)  # squared_pred=False
+    x, y = t.x[:2], t.y[:2]
+    res = VAFA(task, Box(0.0, 1.0), block=8, steps=2, use_ssim=False)(t.model, x, y)
+    assert task.squared_pred is False  # the caller's task is untouched
+    squared = Segmentation(t.task.num_classes, loss="dicece", include_background=True, squared_pred=True)
+    with torch.no_grad():  # the first step's loss is the clean input's reconstruction at q_max
+        first = VAFA(squared, Box(0.0, 1.0), block=8, steps=2, use_ssim=False, squared_pred=False)(t.model, x, y)
+    torch.testing.assert_close(res.trace["loss"], first.trace["loss"])
+    plain = VAFA(task, Box(0.0, 1.0), block=8, steps=2, use_ssim=False, squared_pred=False)(t.model, x, y)
+    assert not torch.allclose(plain.trace["loss"][0], res.trace["loss"][0])

@@ -30,7 +30,7 @@ def test_vaft_training_steps_lower_the_loss(trained_seg3d):
     model = copy.deepcopy(trained_seg3d.model).train()
     task = Segmentation(3, loss="dicece", include_background=True)  # the paper's DiceCE
     x, y = trained_seg3d.x, trained_seg3d.y
-    strategy = VAFT(bounds=(0.0, 1.0), attack_kwargs={"block": 8, "steps": 3})
+    strategy = VAFT(box=(0.0, 1.0), attack_kwargs={"block": 8, "steps": 3})
     assert isinstance(strategy, TrainingStrategy)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
@@ -62,20 +62,26 @@ def test_vaft_with_a_custom_attack_and_weights(trained_seg2d):
 
 def test_vaft_bad_input(trained_seg3d):
     with pytest.raises(ValueError, match="freq_weight"):
-        VAFT(bounds=(0.0, 1.0), freq_weight=-1)
+        VAFT(box=(0.0, 1.0), freq_weight=-1)
     with pytest.raises(TypeError, match="Segmentation"):
-        VAFT(bounds=(0.0, 1.0)).loss(trained_seg3d.model, trained_seg3d.x, trained_seg3d.y, MultiClass(), torch.Generator())
+        VAFT(box=(0.0, 1.0)).loss(trained_seg3d.model, trained_seg3d.x, trained_seg3d.y, MultiClass(), torch.Generator())
 
 
 def test_vaft_declared_params_and_early_attack_kwargs_checks():
-    s = VAFT(bounds=(0.0, 1.0), adv_weight=0.5, attack_kwargs={"block": 8})
+    s = VAFT(box=(0.0, 1.0), adv_weight=0.5, attack_kwargs={"block": 8})
     params = s.get_params()
-    assert params["bounds"] == Box(0.0, 1.0) and params["adv_weight"] == 0.5 and params["attack"] is None
+    assert params["box"] == Box(0.0, 1.0) and params["adv_weight"] == 0.5 and params["attack"] is None
     with pytest.raises(ValueError, match="clean_weight"):
-        VAFT(bounds=(0.0, 1.0), clean_weight="1")
+        VAFT(box=(0.0, 1.0), clean_weight="1")
     with pytest.raises(ValueError, match="did you mean 'steps'"):
-        VAFT(bounds=(0.0, 1.0), attack_kwargs={"stepz": 3})  # misspelt: fails when built, not at batch 1
-    with pytest.raises(ValueError, match="bounds"):
+        VAFT(box=(0.0, 1.0), attack_kwargs={"stepz": 3})  # misspelt: fails when built, not at batch 1
+    with pytest.raises(ValueError, match="`box` .* is required"):
         VAFT()
     with pytest.warns(FutureWarning, match="q_step"):
-        VAFT(bounds=Box(0.0, 1.0), attack_kwargs={"q_step": 2.0})
+        VAFT(box=Box(0.0, 1.0), attack_kwargs={"q_step": 2.0})
+
+
+def test_bounds_is_a_deprecated_alias_of_box():
+    with pytest.warns(FutureWarning, match="`bounds` of VAFT is deprecated; use `box`"):
+        s = VAFT(bounds=(0.0, 1.0))
+    assert s.box is not None and s.get_params()["box"].bounds == (0.0, 1.0)

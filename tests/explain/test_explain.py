@@ -312,3 +312,16 @@ def test_import_medadv_does_not_import_captum():
             "torch.nn.Linear(4, 2)), torch.rand(1, 1, 2, 2), torch.tensor([0])); assert 'captum' in sys.modules")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_explanations_give_the_attacks_clear_errors():
+    from medadv.explain import Gradient
+    from medadv.models import small_cnn
+
+    model = small_cnn(1, 4).eval()
+    with pytest.raises(ValueError, match=r"has no batch dimension.*x.unsqueeze\(0\)"):
+        Gradient()(model, torch.rand(1, 16, 16), 0)
+    with pytest.raises(ValueError, match="`x` is on the meta device"):
+        Gradient()(model, torch.rand(2, 1, 16, 16, device="meta"), 0)
+    with pytest.raises(ValueError, match="`model` has parameters on the meta device"):
+        Gradient()(small_cnn(1, 4).to("meta"), torch.rand(2, 1, 16, 16), 0)
