@@ -178,7 +178,7 @@ def _fails(capsys, argv, message):
     assert "Traceback" not in err
 
 
-def _evaluate_fails(tmp_path, capsys, message, **over):
+def _check_evaluate_fails(tmp_path, capsys, message, **over):
     path = _small_config(tmp_path, **over)
     _fails(capsys, ["evaluate", str(path), "--no-progress"], message)
     assert not (tmp_path / "out").exists()  # nothing ran, nothing written
@@ -188,52 +188,52 @@ TOP_KEYS = "model, task, data, threat, budgets, attacks, target, batch_size, out
 
 
 def test_misspelt_top_level_key_is_an_error_with_the_closest_key(tmp_path, capsys):
-    _evaluate_fails(tmp_path, capsys, "unknown key `bacth_size` in the config; did you mean `batch_size`? "
+    _check_evaluate_fails(tmp_path, capsys, "unknown key `bacth_size` in the config; did you mean `batch_size`? "
                     f"(valid keys: {TOP_KEYS})", bacth_size=1)
 
 
 def test_budget_instead_of_budgets_is_an_error(tmp_path, capsys):
     # it used to fall back silently on threat.eps
-    _evaluate_fails(tmp_path, capsys, "unknown key `budget` in the config; did you mean `budgets`? "
+    _check_evaluate_fails(tmp_path, capsys, "unknown key `budget` in the config; did you mean `budgets`? "
                     f"(valid keys: {TOP_KEYS})", budget=[0.1], budgets=None, threat={"bounds": [0, 1], "eps": 0.01})
 
 
 def test_negative_batch_size_is_an_error(tmp_path, capsys):
-    _evaluate_fails(tmp_path, capsys, "`batch_size` must be >= 1; got -2 (int)", batch_size=-2)
+    _check_evaluate_fails(tmp_path, capsys, "`batch_size` must be >= 1; got -2 (int)", batch_size=-2)
 
 
 def test_zero_batch_size_is_an_error(tmp_path, capsys):
-    _evaluate_fails(tmp_path, capsys, "`batch_size` must be >= 1; got 0 (int)", batch_size=0)
+    _check_evaluate_fails(tmp_path, capsys, "`batch_size` must be >= 1; got 0 (int)", batch_size=0)
 
 
 def test_empty_attacks_is_an_error(tmp_path, capsys):
-    _evaluate_fails(tmp_path, capsys, "`attacks` must be a non-empty list such as [{name: pgd, steps: 10}]; got []",
+    _check_evaluate_fails(tmp_path, capsys, "`attacks` must be a non-empty list such as [{name: pgd, steps: 10}]; got []",
                     attacks=[])
 
 
 def test_zero_cases_is_an_error(tmp_path, capsys):
-    _evaluate_fails(tmp_path, capsys, "`data.n` must be >= 1; got 0 (int)",
+    _check_evaluate_fails(tmp_path, capsys, "`data.n` must be >= 1; got 0 (int)",
                     data={"source": "mni152", "n": 0, "kwargs": {"size": 8}})
 
 
 def test_hd95_as_text_is_an_error_not_true(tmp_path, capsys):
-    _evaluate_fails(tmp_path, capsys, "`hd95` must be true or false (a YAML boolean, not text); got 'false' (str)",
+    _check_evaluate_fails(tmp_path, capsys, "`hd95` must be true or false (a YAML boolean, not text); got 'false' (str)",
                     hd95="false")
 
 
 def test_misspelt_threat_norm_is_an_error_with_the_closest_option(tmp_path, capsys):
-    _evaluate_fails(tmp_path, capsys, "`threat.norm` must be one of 'linf', 'l2'; got 'linff' (str); "
+    _check_evaluate_fails(tmp_path, capsys, "`threat.norm` must be one of 'linf', 'l2'; got 'linff' (str); "
                     "did you mean 'linf'?", threat={"norm": "linff", "bounds": [0, 1]})
 
 
 def test_npz_without_labels_is_an_error(tmp_path, capsys):
-    _evaluate_fails(tmp_path, capsys, "`data.path`: data.npz has no array 'y' (it has 'x'); an .npz for medadv "
+    _check_evaluate_fails(tmp_path, capsys, "`data.path`: data.npz has no array 'y' (it has 'x'); an .npz for medadv "
                     "holds x (inputs) and y (labels)", with_y=False)
 
 
 def test_unknown_attack_parameter_is_one_line(tmp_path, capsys):
     # attack entries are checked by the attack's own declarations
-    _evaluate_fails(tmp_path, capsys, "`attacks` entry 'pgd': unknown parameter `stepz` for attack 'pgd'; "
+    _check_evaluate_fails(tmp_path, capsys, "`attacks` entry 'pgd': unknown parameter `stepz` for attack 'pgd'; "
                     "did you mean 'steps'? valid parameters: " + ", ".join(
                         __import__("medadv").attacks.base.attack_class("pgd").param_names()),
                     attacks=[{"name": "pgd", "stepz": 3}])
