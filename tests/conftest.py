@@ -52,3 +52,21 @@ def trained_seg2d():
     """MONAI UNet, 3 classes, 2 channels, 32x32 images (Segmentation, 2-D)."""
     return _train(lambda: small_unet(2, 3, ndim=2, channels=(8, 16)), Segmentation(3), segmentation_blobs,
                   48, 8, 15, 1e-2, num_classes=3, size=32, ndim=2, channels=2)
+
+
+@pytest.fixture
+def forbid_host_sync(monkeypatch):
+    """Call it to make every device-to-host read (``.item()``, ``bool(t)``, ``.tolist()``, ...) raise; returns
+    ``monkeypatch`` so the test can ``undo()`` once the code under test has run."""
+
+    def install():
+        def sync(*args, **kwargs):
+            raise AssertionError("host synchronisation inside the attack loop")
+
+        for name in ("item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "__array__"):
+            monkeypatch.setattr(torch.Tensor, name, sync)
+        with pytest.raises(AssertionError, match="host synchronisation"):
+            bool(torch.tensor(True))  # the trap works
+        return monkeypatch
+
+    return install

@@ -10,6 +10,8 @@ afterwards. ``__call__`` is final: an attack implements :meth:`Attack.perturb` o
 from __future__ import annotations
 
 import dataclasses
+import functools
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -278,6 +280,36 @@ class Attack(Configurable, ABC):
         a ``y``: they must validate ``y`` (``task.validate``) against their first forward.
         Must not modify ``x`` in place.
         """
+
+
+# --- deprecated keywords shared by the box attacks ------------------------------------------------------------
+def bounds_keyword(argument: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Decorator for ``__init__``: the deprecated ``bounds=(lo, hi)`` keyword becomes the data box.
+
+    Older releases took the data range as ``bounds=``; the box is now the positional ``argument``
+    (``DAG(task, Box(0, 1))``). ``bounds=None`` meant unbounded data: it becomes ``Box.unbounded()``.
+    """
+
+    def deco(init: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(init)
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+            if "bounds" in kwargs:
+                bounds = kwargs.pop("bounds")
+                owner = type(self).__name__
+                if len(args) > 1 and args[1] is None:
+                    args = args[:1]  # an explicit positional None, e.g. from calibrate_step_size
+                if len(args) > 1 or kwargs.get(argument) is not None:
+                    raise InvalidParameterError(f"give the data box of {owner} once, as `{argument}` "
+                                                "(`bounds` is its deprecated name)")
+                # stacklevel 3: the caller, past this wrapper and the `renamed` one around it
+                warnings.warn(f"`bounds` of {owner} is deprecated; pass the data box: {owner}(task, Box(lo, hi))",
+                              FutureWarning, stacklevel=3)
+                kwargs[argument] = bounds if isinstance(bounds, Threat) else Box.coerce(bounds)
+            init(self, *args, **kwargs)
+
+        return wrapper
+
+    return deco
 
 
 # --- registry: names used by configs and the CLI -------------------------------------------------------------

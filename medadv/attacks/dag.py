@@ -17,9 +17,6 @@ the per-sample stop test.
 
 from __future__ import annotations
 
-import functools
-import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -31,7 +28,7 @@ from ..metrics.image import mse, ssim
 from ..params import InvalidParameterError, Optional, Options, Real, renamed
 from ..tasks import Segmentation, Task
 from ..threats import Box, Threat, per_sample_norm
-from .base import AttackDetails, AttackResult, register
+from .base import AttackDetails, AttackResult, bounds_keyword, register
 from .engine import EngineOutput, IterativeAttack, StepContext
 from .steps import StepRule
 
@@ -136,35 +133,6 @@ def dag_target_c(
 
 
 # --- the attack ---------------------------------------------------------------------------------------------------
-def bounds_keyword(argument: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Decorator for ``__init__``: the deprecated ``bounds=(lo, hi)`` keyword becomes the data box.
-
-    Older releases took the data range as ``bounds=``; the box is now the positional ``argument``
-    (``DAG(task, Box(0, 1))``). ``bounds=None`` meant unbounded data: it becomes ``Box.unbounded()``.
-    """
-
-    def deco(init: Callable[..., None]) -> Callable[..., None]:
-        @functools.wraps(init)
-        def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
-            if "bounds" in kwargs:
-                bounds = kwargs.pop("bounds")
-                owner = type(self).__name__
-                if len(args) > 1 and args[1] is None:
-                    args = args[:1]  # an explicit positional None, e.g. from calibrate_step_size
-                if len(args) > 1 or kwargs.get(argument) is not None:
-                    raise InvalidParameterError(f"give the data box of {owner} once, as `{argument}` "
-                                                "(`bounds` is its deprecated name)")
-                # stacklevel 3: the caller, past this wrapper and the `renamed` one around it
-                warnings.warn(f"`bounds` of {owner} is deprecated; pass the data box: {owner}(task, Box(lo, hi))",
-                              FutureWarning, stacklevel=3)
-                kwargs[argument] = bounds if isinstance(bounds, Threat) else Box.coerce(bounds)
-            init(self, *args, **kwargs)
-
-        return wrapper
-
-    return deco
-
-
 @dataclass
 class DAGDetails(AttackDetails):
     """DAG's per-sample results (the declared ``columns`` become result-table columns).

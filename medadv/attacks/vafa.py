@@ -33,8 +33,7 @@ from ..metrics.image import _blur, _gaussian
 from ..params import Bool, Constraint, Int, InvalidParameterError, Options, Real, renamed
 from ..tasks import Segmentation, Task
 from ..threats import Box
-from .base import AttackDetails, register
-from .dag import bounds_keyword
+from .base import AttackDetails, bounds_keyword, register
 from .engine import IterativeAttack, StepContext
 from .steps import SignStep, StepRule
 
