@@ -29,6 +29,8 @@ _EXPORTS: dict[str, str] = {
     "SegPGD": "medadv.attacks.segpgd",
     "APGD": "medadv.attacks.apgd",
     "AutoAttack": "medadv.attacks.autoattack",
+    "AutoEvaluation": "medadv.attacks.auto",
+    "Square": "medadv.attacks.square",
     "DAG": "medadv.attacks.dag",
     **dict.fromkeys(("VAFA", "VAFA2D"), "medadv.attacks.vafa"),
     "GAP": "medadv.attacks.gap",
@@ -43,7 +45,7 @@ _EXPORTS: dict[str, str] = {
 # subpackages and modules reachable as attributes (``medadv.data``) before anyone imported them
 _SUBMODULES = frozenset({
     "adapters", "attacks", "cli", "config", "data", "dct", "defenses", "demo", "evaluation", "explain",
-    "frequency", "metrics", "models", "params", "report", "results", "runtime", "tasks", "testing",
+    "frequency", "masking", "metrics", "models", "params", "report", "results", "runtime", "tasks", "testing",
     "threats", "training",
 })
 
@@ -51,7 +53,7 @@ __all__ = [
     "Task", "MultiClass", "MultiLabel", "Segmentation",
     "Threat", "Linf", "L2", "Box",
     "Attack", "AttackResult", "GradientAttack", "FGSM", "BIM", "PGD", "CosPGD", "SegPGD", "APGD",
-    "AutoAttack", "DAG", "VAFA", "VAFA2D", "GAP", "GAPTrainer", "SaliencyRelevance", "SaliencyResistance",
+    "AutoAttack", "AutoEvaluation", "Square", "DAG", "VAFA", "VAFA2D", "GAP", "GAPTrainer", "SaliencyRelevance", "SaliencyResistance",
     "available_attacks", "get_attack",
     "AdversarialTrainer", "PGDAT", "MPAdvT", "MAAdvT", "TRADES", "VAFT",
     "evaluate", "Results",
@@ -78,6 +80,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # the eager imports, for type checkers and IDEs only
     from . import data, defenses, explain, metrics, models
     from .attacks.apgd import APGD
+    from .attacks.auto import AutoEvaluation
     from .attacks.autoattack import AutoAttack
     from .attacks.base import Attack, AttackResult, available_attacks, get_attack
     from .attacks.bim import BIM
@@ -90,6 +93,7 @@ if TYPE_CHECKING:  # the eager imports, for type checkers and IDEs only
     from .attacks.relevance import SaliencyRelevance
     from .attacks.resistance import SaliencyResistance
     from .attacks.segpgd import SegPGD
+    from .attacks.square import Square
     from .attacks.vafa import VAFA, VAFA2D
     from .defenses import PGDAT, TRADES, VAFT, AdversarialTrainer, MAAdvT, MPAdvT
     from .evaluation import evaluate

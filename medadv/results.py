@@ -16,9 +16,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["Results", "DETAIL_PREFIX", "summary_columns"]
+__all__ = ["Results", "DETAIL_PREFIX", "ENSEMBLE_COLUMN", "summary_columns"]
 
 KEY = ("sample", "attack", "budget")
+#: the per-member worst-case metric of an ensemble (``auto``): rows holding it get :meth:`Results.ensemble_table`
+ENSEMBLE_COLUMN = "attack_metric_after"
+#: detail columns of ``auto`` shown by the ensemble and masking tables instead of the generic means
+ENSEMBLE_DETAILS = ("attack_metric_after", "attack_attacked", "attack_seconds", "attack_components", "attack_metric",
+                    "attack_masking", "attack_masking_messages")
+#: the per-sample clean column of each robust metric (``Task.robust_metric_name``)
+CLEAN_COLUMNS = {"accuracy": "clean_correct", "exact_match": "clean_exact_match", "mean_dice": "clean_mean_dice"}
 #: prefix of the columns that hold an attack's declared per-sample outputs (``AttackDetails.columns``)
 DETAIL_PREFIX = "attack_"
 
@@ -35,6 +42,11 @@ def _columns(rows: Iterable[dict[str, Any]]) -> list[str]:
         for c in r:
             seen.setdefault(c, None)
     return list(seen)
+
+
+def _clean_metric(row: dict[str, Any], metric: str) -> float | None:
+    v = row.get(CLEAN_COLUMNS.get(metric, "clean_" + metric))
+    return None if v is None else float(v)
 
 
 def summary_columns(table: list[dict[str, Any]]) -> list[str]:
@@ -109,6 +121,57 @@ class Results:
             table.append(row)
         return table
 
+    # --- worst-case ensembles (``auto``) ------------------------------------------------------------------------
+    def ensemble_table(self) -> list[dict[str, Any]]:
+        """Per (attack, budget) of an ensemble (rows with ``attack_metric_after``, e.g. ``auto``), one row per
+        member in order (after a ``(clean)`` row): the mean robust metric after it, how much it lowered the metric (``gain``), the
+        samples it attacked (those not yet at the floor) and its total time in seconds."""
+        table = []
+        for (attack, budget), rows in self.groups().items():
+            rows = [r for r in rows if isinstance(r.get(ENSEMBLE_COLUMN), list)]
+            if not rows:
+                continue
+            names = rows[0].get(DETAIL_PREFIX + "components") or []
+            metric = rows[0].get(DETAIL_PREFIX + "metric") or "metric"
+            k = len(rows[0][ENSEMBLE_COLUMN])
+            clean = _mean([_clean_metric(r, metric) for r in rows])
+            table.append({"attack": attack, "budget": budget, "member": "(clean)", f"robust_{metric}": clean,
+                          "gain": None, "attacked": None, "seconds": None, "n": len(rows)})
+            previous = clean
+            for j in range(k):
+                after = _mean([r[ENSEMBLE_COLUMN][j] for r in rows])
+                table.append({
+                    "attack": attack, "budget": budget, "member": names[j] if j < len(names) else str(j),
+                    f"robust_{metric}": after, "gain": previous - after,
+                    "attacked": sum(bool(r[DETAIL_PREFIX + "attacked"][j]) for r in rows),
+                    "seconds": sum(float(r[DETAIL_PREFIX + "seconds"][j] or 0.0) for r in rows),
+                    "n": len(rows),
+                })
+                previous = after
+        return table
+
+    def masking_flags(self) -> list[dict[str, Any]]:
+        """The gradient-masking flags of the table (:mod:`medadv.masking`): per (attack, budget), each check
+        that fired on some batch (with the number of samples in those batches and its explanation), and the
+        robust metric of an attack not falling as the budget grows."""
+        from .masking import monotone_flags
+
+        out: list[dict[str, Any]] = []
+        for (attack, budget), rows in self.groups().items():
+            seen: dict[str, dict[str, Any]] = {}
+            for r in rows:
+                ids = r.get(DETAIL_PREFIX + "masking") or []
+                messages = r.get(DETAIL_PREFIX + "masking_messages") or [""] * len(ids)
+                for check, message in zip(ids, messages, strict=False):
+                    entry = seen.setdefault(check, {"attack": attack, "budget": budget, "check": check,
+                                                    "samples": 0, "message": message})
+                    entry["samples"] += 1
+            out.extend(seen.values())
+        for flag in monotone_flags(self):
+            out.append({"attack": flag.attack, "budget": None, "check": flag.check, "samples": None,
+                        "message": flag.message})
+        return out
+
     def detail_columns(self) -> list[str]:
         """The attack-specific (``attack_*``) columns present in the table, in order of appearance."""
         return [c for c in _columns(self.rows) if c.startswith(DETAIL_PREFIX)]
@@ -143,9 +206,19 @@ class Results:
         cols = summary_columns(table)
         details = [c for c in cols if c.startswith(DETAIL_PREFIX)]
         out = block(table, [c for c in cols if c not in details])
+        details = [c for c in details if c not in ENSEMBLE_DETAILS]
         if details:
             rows = [r for r in table if any(c in r for c in details)]
             out += "\n\nattack-specific outputs (means):\n" + block(rows, ["attack", "budget", *details, "n"])
+        ensemble = self.ensemble_table()
+        if ensemble:
+            metric = next(c for c in ensemble[0] if c.startswith("robust_"))
+            out += "\n\nworst case after each member (ensemble):\n" + block(
+                ensemble, ["attack", "budget", "member", metric, "gain", "attacked", "seconds"])
+        flags = self.masking_flags()
+        if flags:
+            out += "\n\ngradient-masking checks that fired (the evaluation may overestimate robustness):\n"
+            out += "\n".join(f"- {f['attack']} @ {fmt(f['budget'])}: {f['check']}: {f['message']}" for f in flags)
         return out
 
     def __str__(self) -> str:

@@ -124,6 +124,19 @@ class Task(ABC):
         """Element mask of labels that count (``None``: all count)."""
         return None
 
+    #: the lowest value :meth:`robust_metric` can take (a sample there cannot be made worse)
+    metric_floor: float = 0.0
+    #: the name of :meth:`robust_metric` in results tables
+    robust_metric_name: str = "metric"
+
+    def robust_metric(self, logits: Tensor, y: Tensor) -> Tensor:
+        """``(N,)`` float: the per-sample metric a worst-case robustness evaluation minimises (``auto``).
+
+        Multi-class: correct (1) or not (0); multi-label: exact match (1 when every label is right);
+        segmentation: mean Dice. At :attr:`metric_floor` a sample cannot be made worse.
+        """
+        raise NotImplementedError(f"{type(self).__name__} defines no robust metric (implement `robust_metric`)")
+
     def loss(self, logits: Tensor, y: Tensor, weight: Tensor | None = None) -> Tensor:
         """Per-sample loss ``(N,)``: element loss, optionally weighted, averaged over valid elements."""
         return self.reduce(self.element_loss(logits, y), y, weight)
@@ -231,6 +244,11 @@ class MultiClass(Task):
     def metrics(self, logits: Tensor, y: Tensor) -> dict[str, Tensor]:
         return {"correct": (self.predict(logits) == y).float()}
 
+    robust_metric_name = "accuracy"
+
+    def robust_metric(self, logits: Tensor, y: Tensor) -> Tensor:
+        return (self.predict(logits) == y).to(torch.float32)
+
     def __repr__(self) -> str:
         return "MultiClass()"
 
@@ -311,6 +329,11 @@ class MultiLabel(Task):
     def metrics(self, logits: Tensor, y: Tensor) -> dict[str, Tensor]:
         correct = self.element_correct(logits, y).float()
         return {"label_accuracy": correct.mean(dim=1), "exact_match": correct.min(dim=1).values}
+
+    robust_metric_name = "exact_match"
+
+    def robust_metric(self, logits: Tensor, y: Tensor) -> Tensor:
+        return self.element_correct(logits, y).all(dim=1).to(torch.float32)
 
     def to_target(self, y: Tensor, logits: Tensor) -> Tensor:
         return y.to(logits.dtype)
@@ -608,6 +631,11 @@ class Segmentation(Task):
             "mean_dice": self.mean_dice(pred, y),
             "pixel_accuracy": self.reduce((pred == y).float(), y),
         }
+
+    robust_metric_name = "mean_dice"
+
+    def robust_metric(self, logits: Tensor, y: Tensor) -> Tensor:
+        return self.mean_dice(self.predict(logits), y).to(torch.float32)
 
     def __repr__(self) -> str:
         return (

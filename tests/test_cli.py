@@ -316,3 +316,34 @@ def test_debug_shows_the_traceback(tmp_path, capsys):
         assert err.splitlines()[-1] == "medadv: error: `batch_size` must be >= 1; got 0 (int)"
     assert main(["validate", str(path)]) == 2
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_evaluate_runs_auto_from_a_yaml_config(trained_multilabel, tmp_path, capsys):
+    """`auto` from a config: one row per sample and budget, the member table in the summary and the report."""
+    import numpy as np
+
+    save_checkpoint(tmp_path / "cnn.pt", trained_multilabel.model)
+    np.savez(tmp_path / "data.npz", x=trained_multilabel.x[:8].numpy(), y=trained_multilabel.y[:8].numpy())
+    cfg = {
+        "model": {"builder": "small_cnn", "kwargs": {"in_channels": 1, "num_outputs": 4, "width": 8},
+                  "checkpoint": "cnn.pt"},
+        "task": {"type": "multilabel"},
+        "data": {"source": "npz", "path": "data.npz"},
+        "threat": {"norm": "linf", "bounds": [0.0, 1.0]},
+        "budgets": ["2/255", "8/255"],
+        "attacks": [{"name": "auto", "version": "fast", "steps": 3, "queries": 10}],
+        "output": "out",
+    }
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["evaluate", str(tmp_path / "cfg.yaml"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "worst case after each member" in out and "apgd-flip" in out
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "## Worst case after each member" in report and "## Gradient-masking checks" in report
+    rows = json.loads((tmp_path / "out" / "results.json").read_text())["rows"]
+    assert len({r["attack"] for r in rows}) == 2 and {r["budget"] for r in rows} == {2 / 255, 8 / 255}
+    assert all(len(r["attack_metric_after"]) == 4 for r in rows)
+    cfg["attacks"] = [{"name": "auto", "version": "fast", "atacks": ["apgd-ce"]}]
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["evaluate", str(tmp_path / "bad.yaml"), "--no-progress"]) == 2
+    assert "did you mean 'attacks'" in capsys.readouterr().err

@@ -5,6 +5,7 @@ ones one engine (:mod:`medadv.attacks.engine`, step rules in :mod:`medadv.attack
 """
 
 from .apgd import APGD, APGDDetails
+from .auto import AutoDetails, AutoEvaluation
 from .autoattack import AutoAttack
 from .base import (
     Attack,
@@ -36,6 +37,7 @@ from .relevance import RelevanceDetails, SaliencyRelevance
 from .resistance import ResistanceDetails, SaliencyResistance
 from .saliency import SaliencyAttack, SaliencyDetails
 from .segpgd import SegPGD
+from .square import Square, SquareDetails
 from .steps import AdamStep, MomentumStep, NormalizedStep, SignStep, StepRule, ThreatStep
 from .vafa import VAFA, VAFA2D, VAFADetails, soft_quantize, soft_round
 
@@ -45,10 +47,11 @@ __all__ = [
     "IterativeAttack", "StepContext", "EngineOutput",
     "StepRule", "ThreatStep", "SignStep", "NormalizedStep", "MomentumStep", "AdamStep",
     "GradientAttack", "FGSM", "BIM", "PGD", "CosPGD", "SegPGD", "APGD", "APGDDetails",
-    "AutoAttack",
+    "AutoAttack", "AutoEvaluation", "AutoDetails",
     "DAG", "DAGDetails", "dag_target_a", "dag_target_b", "dag_target_c", "calibrate_step_size", "calibrate_gamma",
     "VAFA", "VAFA2D", "VAFADetails", "soft_round", "soft_quantize",
     "GAP",
+    "Square", "SquareDetails",
     "SaliencyAttack", "SaliencyDetails", "SaliencyRelevance", "RelevanceDetails", "SaliencyResistance",
     "ResistanceDetails",
 ]

@@ -18,13 +18,17 @@ import torch
 from torch import Tensor, nn
 
 from ..params import Bool, Options, Real
-from ..tasks import Task
+from ..tasks import Segmentation, Task
 from ..threats import Linf, Threat
 from .base import AttackDetails, register
 from .engine import EngineOutput, IterativeAttack, StepContext
+from .losses import balanced_weights, cosine_weights, js_divergence, segpgd_weights
 from .steps import StepRule
 
-__all__ = ["APGD", "APGDDetails", "APGDStep", "apgd_checkpoints"]
+__all__ = ["APGD", "APGDDetails", "APGDStep", "apgd_checkpoints", "LOSSES"]
+
+#: APGD's objectives (see :class:`APGD`)
+LOSSES = ("ce", "margin", "dlr", "cospgd", "segpgd", "balanced-ce", "js")
 
 
 def apgd_checkpoints(steps: int) -> dict[int, int]:
@@ -176,6 +180,16 @@ class APGD(IterativeAttack):
     * ``"dlr"``: AutoAttack's difference-of-logits ratio (:meth:`MultiClass.dlr`), multi-class only with
       K >= 3. Targeted: the target's margin over the same normaliser ``z_π1 − z_π3`` (AutoAttack's
       APGD-T uses the true label and ``z_π1 − (z_π3 + z_π4)/2``; a targeted medadv call has only the target).
+    * ``"cospgd"`` / ``"segpgd"``: the task's loss with CosPGD's cosine or SegPGD's correct/wrong weighting
+      per element (:mod:`medadv.attacks.losses`), as in those attacks, with APGD's schedule.
+    * ``"balanced-ce"``: per-voxel cross-entropy where every class present in the label map weighs the same
+      (segmentation only).
+    * ``"js"``: the Jensen–Shannon divergence between the predicted and the label distribution per element
+      (bounded by log 2: confidently wrong elements do not dominate).
+
+    The call accepts ``weight=``: per-element weights of the loss or margin, shaped like ``y``'s element grid
+    (``(N,)``, ``(N, L)`` or ``(N, *spatial)``), e.g. to focus the attack on some labels or organs; not
+    applicable to ``"dlr"``.
 
     Args:
         task: the model's :class:`~medadv.tasks.Task`.
@@ -183,7 +197,8 @@ class APGD(IterativeAttack):
         steps: iterations T (one forward and backward each, plus one forward to score the last iterate);
             the paper uses 100.
         restarts: runs from independent random starts; per sample the best run is kept.
-        loss: ``"ce"``, ``"margin"`` or ``"dlr"`` (see above).
+        loss: ``"ce"``, ``"margin"``, ``"dlr"``, ``"cospgd"``, ``"segpgd"``, ``"balanced-ce"`` or ``"js"``
+            (see above).
         rho: checkpoint test ρ (fraction, 0..1): the step size halves when at most ρ of the steps since the
             last checkpoint increased the objective. 0.75 in the paper.
         momentum: α (weight, 0 < α <= 1) of the new projected step; ``1 − α`` weights the previous move.
@@ -201,13 +216,14 @@ class APGD(IterativeAttack):
     """
 
     params: ClassVar[dict[str, Any]] = {
-        "loss": Options("ce", "margin", "dlr"),
+        "loss": Options(*LOSSES),
         "rho": Real(low=0.0, high=1.0),
         "momentum": Real(low=0.0, high=1.0, low_open=True),
         "random_start": Bool(),
     }
     keep_best = True
     needs_clean_logits = False  # y is validated against the first step's forward
+    call_args = ("weight",)
 
     loss: str
     rho: float
@@ -237,17 +253,36 @@ class APGD(IterativeAttack):
         if self.loss == "dlr" and not callable(getattr(task, "dlr", None)):
             raise TypeError(f"`loss='dlr'` of APGD is AutoAttack's multi-class loss and {task!r} has none; "
                             "use loss='margin' (the per-label / per-voxel logit margin) or loss='ce'")
+        if self.loss == "balanced-ce" and not isinstance(task, Segmentation):
+            raise TypeError(f"`loss='balanced-ce'` of APGD balances the classes of a label map (segmentation); "
+                            f"{task!r} has none: use loss='ce' or loss='margin'")
 
     # --- objective -----------------------------------------------------------------------------------------
     def logits_objective(self, logits: Tensor, ctx: StepContext) -> Tensor:
-        if self.loss == "ce":
-            value = self.task.loss(logits, ctx.y)
-            return -value if self.targeted else value
-        if self.loss == "margin":
-            value = self.task.margin(logits, ctx.y)
+        y, weight = ctx.y, ctx.state.get("weight")
+        if self.loss in ("margin", "dlr"):
+            if self.loss == "margin":
+                value = self.task.margin(logits, y, weight)
+            else:
+                value = self.task.dlr(logits, y)  # type: ignore[attr-defined]
+            return value if self.targeted else -value  # a positive margin means "predicted as y"
+        if self.loss == "js":
+            value = self.task.reduce(js_divergence(self.task, logits, y), y, weight)
         else:
-            value = self.task.dlr(logits, ctx.y)  # type: ignore[attr-defined]
-        return value if self.targeted else -value  # a positive margin means "predicted as y"
+            w = None
+            if self.loss == "cospgd":
+                w = cosine_weights(self.task, logits, y, self.targeted)
+            elif self.loss == "segpgd" and ctx.step >= 0:  # the final scoring (step -1) is unweighted
+                w = segpgd_weights(self.task, logits, y, ctx.step, self.steps, self.targeted)
+            elif self.loss == "balanced-ce":
+                w = ctx.state["balance"]
+            if weight is not None:
+                w = weight if w is None else w * weight
+            if self.loss == "balanced-ce":  # per-voxel CE, whatever loss the task trains with
+                value = self.task.reduce(self.task.element_loss(logits, y), y, w)
+            else:
+                value = self.task.loss(logits, y, w)
+        return -value if self.targeted else value
 
     # --- engine hooks --------------------------------------------------------------------------------------
     def setup(self, model: nn.Module, ctx: StepContext) -> None:
@@ -258,9 +293,27 @@ class APGD(IterativeAttack):
             log["step_size"] = torch.full((self.steps * self.restarts, n), float("nan"), device=ctx.x.device,
                                           dtype=ctx.x.dtype)
         ctx.shared["apgd"] = log
+        weight = ctx.shared.pop("weight", None)
+        if weight is not None:  # per sample: follows the active set
+            ctx.state["weight"] = self._check_weight(weight, ctx)
+        if self.loss == "balanced-ce":
+            assert isinstance(self.task, Segmentation)
+            ctx.state["balance"] = balanced_weights(self.task, ctx.y)
         if isinstance(self.threat, Linf):  # the ball's corners, per sample (they follow the active set)
             ctx.state["ball_lo"] = ctx.x - self.threat.eps
             ctx.state["ball_hi"] = ctx.x + self.threat.eps
+
+    def _check_weight(self, weight: Any, ctx: StepContext) -> Tensor:
+        if not isinstance(weight, Tensor):
+            raise TypeError(f"`weight` of APGD must be a tensor shaped like y's element grid, got {type(weight).__name__}")
+        if self.loss == "dlr":
+            raise ValueError("`weight` does not apply to loss='dlr' (one value per sample); use loss='margin'")
+        if tuple(weight.shape) != tuple(ctx.y.shape):
+            raise ValueError(f"`weight` of APGD must have y's element-grid shape {tuple(ctx.y.shape)}, "
+                             f"got {tuple(weight.shape)}")
+        if not weight.is_floating_point() or not bool(torch.isfinite(weight).all()) or bool((weight < 0).any()):
+            raise ValueError("`weight` of APGD must hold finite non-negative floats")
+        return weight.detach().to(ctx.x.device, ctx.x.dtype)
 
     def init_variable(self, ctx: StepContext, generator: torch.Generator | None) -> Tensor:
         assert self.threat is not None

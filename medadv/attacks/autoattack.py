@@ -20,7 +20,7 @@ from ..tasks import Task
 from ..threats import Threat
 from .base import Attack, register
 
-__all__ = ["AutoAttack", "UnitBox"]
+__all__ = ["AutoAttack", "UnitBox", "run_pyautoattack"]
 
 _VERSIONS = ("standard", "plus", "rand", "custom")
 _ATTACKS = ("apgd-ce", "apgd-dlr", "fab", "square", "apgd-t", "fab-t")
@@ -145,35 +145,57 @@ class AutoAttack(Attack):
                                         f"allowed with version={self.version!r}")
 
     def perturb(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor | None, **call_args: Any) -> Tensor:
-        from pyautoattack import AutoAttack as _AutoAttack
+        assert self.threat is not None
+        return run_pyautoattack(model, x, y, logits, self.threat, version=self.version, attacks=self.attacks,
+                                seed=self.seed, batch_size=self.batch_size)
 
-        threat = self.threat
-        assert threat is not None and threat.bounds is not None
-        lo, hi = threat.bounds
-        box = UnitBox(model, lo, hi).to(x.device)
-        norm = "Linf" if math.isinf(threat.p) else "L2"
-        # seed=None: one seed from the global RNG (the caller's stream, used like any unseeded attack)
-        seed = self.seed if self.seed is not None else int(torch.randint(2**31 - 1, ()).item())
-        u = box.encode(x)
-        # pyautoattack calls torch.manual_seed / torch.cuda.manual_seed: fork the global CPU and CUDA RNG
-        # states so the caller's stream is untouched (medadv never changes global RNG state)
-        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-        with torch.random.fork_rng(devices=devices), torch.enable_grad():
-            aa = _AutoAttack(box, attacks=self.attacks, device=x.device, eps=box.unit_eps(threat.eps),
-                             norm=norm, seed=seed, version=self.version)
-            # APGD-T and FAB-T try 9 target classes (the top non-true ones); a model with K <= 9 classes has
-            # only K - 1, and pyautoattack would index past the logits: cap at K - 1
-            num_classes = int(logits.shape[1]) if logits is not None else int(box(u[:1]).shape[1])
-            # DLR divides by z_π1 − (z_π3 + z_π4)/2 (targeted) or z_π1 − z_π3: it needs 4 (3) classes
-            need = {"apgd-t": 4, "apgd-dlr": 3}
-            short = [m for m in aa.attacks_to_run if need.get(m, 2) > num_classes]
-            if short:
-                raise ValueError(
-                    f"AutoAttack's {', '.join(short)} need(s) at least {max(need[m] for m in short)} classes (the DLR "
-                    f"loss reads the 3rd/4th largest logit); this model has {num_classes}. Use "
-                    "version='custom' with attacks=['apgd-ce', 'fab', 'square'] (or medadv's APGD)")
-            for member in (aa.apgd_targeted, aa.fab):
-                member.n_target_classes = min(member.n_target_classes, num_classes - 1)
-            u_adv, _ = aa.run_standard_evaluation(u, y, batch_size=self.batch_size or x.shape[0])
-        # back in data units, exactly inside the ball and bounds (undo the unit-box round-off)
-        return threat.finalize(x, box.decode(u_adv.to(x), x))
+
+def run_pyautoattack(model: nn.Module, x: Tensor, y: Tensor, logits: Tensor | None, threat: Threat, *,
+                     version: str, attacks: list[str] | None, seed: int | None, batch_size: int | None = None,
+                     steps: int | None = None, targets: int | None = None, queries: int | None = None) -> Tensor:
+    """pyautoattack's ensemble (``version``) or the members ``attacks`` on ``x``, in the data's units.
+
+    ``version="standard"`` with ``attacks`` runs those members with the standard version's settings (one
+    restart, 9 target classes, 5000 Square queries); ``steps`` (APGD iterations), ``targets`` (target
+    classes of APGD-T / FAB-T) and ``queries`` (Square) override them. The threat needs finite scalar
+    bounds. The caller's global RNG stream is left as it was.
+    """
+    from pyautoattack import AutoAttack as _AutoAttack
+
+    assert threat.bounds is not None
+    lo, hi = threat.bounds
+    box = UnitBox(model, lo, hi).to(x.device)
+    norm = "Linf" if math.isinf(threat.p) else "L2"
+    # seed=None: one seed from the global RNG (the caller's stream, used like any unseeded attack)
+    seed = seed if seed is not None else int(torch.randint(2**31 - 1, ()).item())
+    u = box.encode(x)
+    # pyautoattack calls torch.manual_seed / torch.cuda.manual_seed: fork the global CPU and CUDA RNG
+    # states so the caller's stream is untouched (medadv never changes global RNG state)
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices), torch.enable_grad():
+        custom = version == "custom"
+        aa = _AutoAttack(box, attacks=attacks if custom else None, device=x.device, eps=box.unit_eps(threat.eps),
+                         norm=norm, seed=seed, version=version)
+        if not custom and attacks is not None:
+            aa.attacks_to_run = list(attacks)
+        aa.verbose = False
+        # APGD-T and FAB-T try 9 target classes (the top non-true ones); a model with K <= 9 classes has
+        # only K - 1, and pyautoattack would index past the logits: cap at K - 1
+        num_classes = int(logits.shape[1]) if logits is not None else int(box(u[:1]).shape[1])
+        # DLR divides by z_π1 − (z_π3 + z_π4)/2 (targeted) or z_π1 − z_π3: it needs 4 (3) classes
+        need = {"apgd-t": 4, "apgd-dlr": 3}
+        short = [m for m in aa.attacks_to_run if need.get(m, 2) > num_classes]
+        if short:
+            raise ValueError(
+                f"AutoAttack's {', '.join(short)} need(s) at least {max(need[m] for m in short)} classes (the DLR "
+                f"loss reads the 3rd/4th largest logit); this model has {num_classes}. Use "
+                "version='custom' with attacks=['apgd-ce', 'fab', 'square'] (or medadv's APGD)")
+        for member in (aa.apgd_targeted, aa.fab):
+            member.n_target_classes = min(targets or member.n_target_classes, num_classes - 1)
+        if steps is not None:
+            aa.apgd.n_iter = aa.apgd_targeted.n_iter = steps
+        if queries is not None:
+            aa.square.n_queries = queries
+        u_adv, _ = aa.run_standard_evaluation(u, y, batch_size=batch_size or x.shape[0])
+    # back in data units, exactly inside the ball and bounds (undo the unit-box round-off)
+    return threat.finalize(x, box.decode(u_adv.to(x), x))

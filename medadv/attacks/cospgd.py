@@ -11,6 +11,7 @@ from torch import Tensor
 from .base import register
 from .engine import StepContext
 from .gradient import GradientAttack
+from .losses import cosine_weights
 
 __all__ = ["CosPGD"]
 
@@ -32,5 +33,4 @@ class CosPGD(GradientAttack):
     """
 
     def element_weights(self, logits: Tensor, ctx: StepContext) -> Tensor:
-        cos = self.task.target_cosine(logits.detach(), ctx.y)
-        return 1.0 - cos if self.targeted else cos
+        return cosine_weights(self.task, logits, ctx.y, self.targeted)

@@ -209,8 +209,15 @@ class IterativeAttack(Attack):
         trace = out.trace
         return out.x_adv, self.details(model, out), trace
 
-    def run(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor | None, **call_args: Any) -> EngineOutput:
-        """Run every restart and keep, per sample, the best by :meth:`better`."""
+    def run(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor | None, *, skip: Tensor | None = None,
+            **call_args: Any) -> EngineOutput:
+        """Run every restart and keep, per sample, the best by :meth:`better`.
+
+        ``skip``: ``(N,)`` bool, samples not to attack (an ensemble's already-broken ones). They leave the
+        active set before the first step, so they cost nothing but their share of the random start, which
+        is still drawn for the whole batch: every other sample gets the same start, hence the same result,
+        as in a run without ``skip``. Skipped samples come back at their start point, unassessed.
+        """
         n = x.shape[0]
         ctx = StepContext(step=-1, steps=self.steps, restart=0, index=torch.arange(n, device=x.device), x=x, y=y,
                           clean_logits=logits, state={}, shared=dict(call_args))
@@ -220,7 +227,7 @@ class IterativeAttack(Attack):
         best: EngineOutput | None = None
         for r in range(self.restarts):
             res = self._restart(model, replace(ctx, restart=r), gen, trace,
-                                validate=logits is None and r == 0)
+                                validate=logits is None and r == 0, skip=skip)
             if best is None:
                 best = res
                 continue
@@ -238,7 +245,7 @@ class IterativeAttack(Attack):
         return best
 
     def _restart(self, model: nn.Module, ctx: StepContext, gen: torch.Generator | None,
-                 trace: list[Tensor] | None, validate: bool) -> EngineOutput:
+                 trace: list[Tensor] | None, validate: bool, skip: Tensor | None = None) -> EngineOutput:
         n = ctx.x.shape[0]
         v = self.init_variable(ctx, gen)
         rule = self.step_rule()
@@ -254,7 +261,16 @@ class IterativeAttack(Attack):
         full_ctx = ctx
         steps = self.steps
         assess_every = self._assess_every()
-        for t in range(steps):
+        if skip is not None:  # leave the active set before the first step (one host sync)
+            stopped = skip.to(device=v.device, dtype=torch.bool).clone()
+            keep = ~stopped
+            if not bool(keep.all()):
+                ctx = ctx.subset(keep)
+                v = v[keep]
+                rule_state = _take(rule_state, keep)
+                if validate and v.shape[0] == 0:
+                    self.task.validate(self.forward(model, self.to_input(out_v[:1], full_ctx)), full_ctx.y[:1], "y")
+        for t in range(steps if v.shape[0] else 0):
             ctx.step = t
             with torch.enable_grad():  # callers may be under no_grad
                 v = v.detach().requires_grad_(True)
@@ -304,6 +320,8 @@ class IterativeAttack(Attack):
                     ctx = ctx.subset(keep)
                     v = v[keep]
                     rule_state = _take(rule_state, keep)
+        if trace is not None and len(trace) < (ctx.restart + 1) * steps:  # nothing was active: NaN rows
+            trace.extend(out_v.new_full((n,), float("nan")) for _ in range(len(trace), (ctx.restart + 1) * steps))
         out_v = out_v.index_copy(0, ctx.index, v) if v.shape[0] else out_v
         ctx = full_ctx
         ctx.step = -1

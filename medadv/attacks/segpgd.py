@@ -11,6 +11,7 @@ from torch import Tensor
 from .base import register
 from .engine import StepContext
 from .gradient import GradientAttack
+from .losses import segpgd_weights
 
 __all__ = ["SegPGD"]
 
@@ -30,8 +31,4 @@ class SegPGD(GradientAttack):
     """
 
     def element_weights(self, logits: Tensor, ctx: StepContext) -> Tensor:
-        lam = ctx.step / (2.0 * self.steps)  # step is 0-based: (t - 1) / (2T) with t = step + 1
-        correct = self.task.element_correct(logits.detach(), ctx.y).to(logits.dtype)
-        if self.targeted:  # "correct" = already at the target: de-emphasise those first
-            return lam * correct + (1.0 - lam) * (1.0 - correct)
-        return (1.0 - lam) * correct + lam * (1.0 - correct)
+        return segpgd_weights(self.task, logits, ctx.y, ctx.step, self.steps, self.targeted)

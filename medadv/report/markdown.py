@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..results import DETAIL_PREFIX, Results, summary_columns
+from ..results import DETAIL_PREFIX, ENSEMBLE_DETAILS, Results, summary_columns
 from .plots import headline_metric, plot_robustness_curve
 
 __all__ = ["write_report"]
@@ -39,13 +39,31 @@ def write_report(results: Results, out_dir: str | os.PathLike, title: str = "med
     if summary:
         cols = [c for c in summary_columns(summary) if not c.endswith("_scores") and not c.startswith(DETAIL_PREFIX)]
         lines += _table(summary, cols)
-        details = [c for c in summary_columns(summary) if c.startswith(DETAIL_PREFIX)]
+        details = [c for c in summary_columns(summary) if c.startswith(DETAIL_PREFIX) and c not in ENSEMBLE_DETAILS]
         if details:
             # attack-specific outputs (AttackDetails.columns), per-attack means; blank where an attack has none
             rows = [r for r in summary if any(c in r for c in details)]
             lines += ["## Attack-specific outputs", "",
                       "Per-attack means of the per-sample outputs each attack declares (`attack_*` columns).", ""]
             lines += _table(rows, ["attack", "budget", *details, "n"])
+        ensemble = results.ensemble_table()
+        if ensemble:
+            metric = next(c for c in ensemble[0] if c.startswith("robust_"))
+            lines += ["## Worst case after each member", "",
+                      f"Ensemble attacks (`auto`): the mean {metric.removeprefix('robust_')} after each member, keeping "
+                      "per sample the worst case so far; `gain` is how much the member lowered it, `attacked` the "
+                      "samples it ran on (those not yet at the floor) and `seconds` its total time.", ""]
+            lines += _table(ensemble, ["attack", "budget", "member", metric, "gain", "attacked", "seconds", "n"])
+        flags = results.masking_flags()
+        lines += ["## Gradient-masking checks", ""]
+        if flags:
+            lines += ["These checks fired: the robust metric may be overestimated (see `medadv.masking`).", ""]
+            lines += _table(flags, ["attack", "budget", "check", "samples", "message"])
+        elif ensemble:
+            lines += ["No check fired (randomised outputs, probability outputs, zero gradients, black-box beating "
+                      "white-box, non-monotone budgets, unbounded attack not reaching the floor).", ""]
+        else:
+            lines = lines[:-2]
         if any(r["budget"] is not None for r in summary):
             png = plot_robustness_curve(results, out / "robustness.png")
             lines += [f"![robustness curve: {headline_metric(results)} vs budget]({png.name})", ""]

@@ -53,6 +53,7 @@ SMALL: dict[str, Any] = {
     "restarts": 1,
     "n_restarts": 1,
     "epochs": 1,
+    "queries": 20,  # score-based attacks (Square): a few queries, not the paper's thousands
     # AutoAttack: its cheapest member instead of the standard ensemble (FAB-T and Square take minutes)
     "version": "custom",
     "attacks": ["apgd-ce"],

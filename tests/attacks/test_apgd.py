@@ -315,3 +315,63 @@ def test_active_set_less_work_same_outcome(trained_multiclass):
     assert active_model.samples < full_model.samples
     assert torch.equal(active.fooled, full.fooled)
     torch.testing.assert_close(active.x_adv[~full.fooled], full.x_adv[~full.fooled], atol=1e-6, rtol=0)
+
+
+# --- the segmentation losses of SEA / CosPGD / SegPGD, and per-element weights ------------------------------------
+def test_js_divergence_and_balanced_weights():
+    import math as _m
+
+    from medadv.attacks.losses import balanced_weights, js_divergence
+
+    task = MultiClass()
+    logits = torch.tensor([[20.0, -20.0], [0.0, 0.0]])
+    y = torch.tensor([0, 0])
+    js = js_divergence(task, logits, y)
+    assert float(js[0]) < 1e-6  # prediction equals the label
+    p = torch.tensor([0.5, 0.5])
+    m = (p + torch.tensor([1.0, 0.0])) / 2
+    ref = 0.5 * (p * (p / m).log()).sum() + 0.5 * _m.log(1 / float(m[0]))
+    assert float(js[1]) == pytest.approx(float(ref), abs=1e-6)
+    assert float(js_divergence(task, torch.tensor([[-50.0, 50.0]]), torch.tensor([0]))) <= _m.log(2) + 1e-6
+    seg = Segmentation(3)
+    lab = torch.zeros(1, 4, 4, dtype=torch.long)
+    lab[0, 0, :2] = 1  # 2 voxels of class 1, 14 of class 0, none of class 2
+    w = balanced_weights(seg, lab)
+    loss = torch.rand(1, 4, 4)
+    per_class = [float(loss[lab == c].mean()) for c in (0, 1)]
+    assert float(seg.reduce(loss, lab, w)) == pytest.approx(sum(per_class) / 2, rel=1e-5)
+
+
+@pytest.mark.parametrize("loss", ["balanced-ce", "js", "cospgd", "segpgd"])
+def test_segmentation_losses_lower_dice(trained_seg3d, loss):
+    t = trained_seg3d
+    atk = APGD(t.task, Linf(0.08, bounds=(0.0, 1.0)), steps=8, loss=loss)
+    res = atk(t.model, t.x, t.y)
+    with torch.no_grad():
+        clean = t.task.robust_metric(t.model(t.x), t.y).mean()
+    assert float(t.task.robust_metric(res.logits, t.y).mean()) < float(clean) - 0.05
+    assert float(res.linf.max()) <= 0.08 + 1e-6
+
+
+def test_balanced_ce_refused_off_segmentation():
+    with pytest.raises(TypeError, match="balanced-ce"):
+        APGD(MultiLabel(), Linf(0.1, bounds=(0, 1)), loss="balanced-ce")
+
+
+def test_weight_focuses_the_margin_on_chosen_labels(trained_multilabel):
+    t = trained_multilabel
+    atk = APGD(t.task, Linf(0.05, bounds=(0.0, 1.0)), steps=10, loss="margin")
+    weight = torch.zeros_like(t.y)
+    weight[:, 2] = 1.0
+    focused = atk(t.model, t.x, t.y, weight=weight)
+    plain = atk(t.model, t.x, t.y)
+    # the focused run moves label 2's margin further down than the unfocused one
+    m_f = t.task.element_margin(focused.logits, t.y)[:, 2].mean()
+    m_p = t.task.element_margin(plain.logits, t.y)[:, 2].mean()
+    assert float(m_f) < float(m_p)
+    with pytest.raises(ValueError, match="element-grid shape"):
+        atk(t.model, t.x, t.y, weight=weight[:, :2])
+    with pytest.raises(ValueError, match="does not apply to loss='dlr'"):
+        APGD(MultiClass(), Linf(0.1, bounds=(0, 1)), loss="dlr")(
+            torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 4)), torch.rand(2, 1, 4, 4),
+            torch.tensor([0, 1]), weight=torch.ones(2))

@@ -127,3 +127,19 @@ def test_step_rules_directions():
     state = rule.init(v, _ctx(v))
     rule.step(v, g, g[:, 0], _ctx(v), state)
     torch.testing.assert_close(state["momentum"][0], torch.tensor([3 / 7, -4 / 7]))
+
+
+def test_skip_leaves_other_samples_exactly_as_a_full_run(trained_multiclass):
+    """Skipped samples cost no steps; the others get the same random start, hence the same result."""
+    from medadv.attacks.apgd import APGD
+
+    t = trained_multiclass
+    atk = APGD(t.task, Linf(0.05, bounds=(0.0, 1.0)), steps=8, restarts=2, seed=5)
+    skip = torch.arange(t.x.shape[0]) % 3 == 0
+    full = atk.run(t.model, t.x, t.y, None)
+    part = atk.run(t.model, t.x, t.y, None, skip=skip)
+    assert torch.equal(part.x_adv[~skip], full.x_adv[~skip])
+    assert bool((part.iterations[skip] == 0).all()) and bool((part.iterations[~skip] > 0).all())
+    none = atk.run(t.model, t.x, t.y, None, skip=torch.ones_like(skip))
+    assert bool((none.iterations == 0).all())
+    assert float((none.x_adv - t.x).abs().max()) <= 0.05 + 1e-6
