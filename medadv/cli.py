@@ -42,6 +42,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         build_task,
         check_targets,
         load_config,
+        model_name,
     )
     from .evaluation import evaluate
     from .report import write_report
@@ -63,7 +64,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     torch.manual_seed(cfg["seed"])
     res = evaluate(model, task, batches, attacks, log=out / "log.jsonl", progress=not args.no_progress,
                    target_fn=target_fn, hd95=cfg["hd95"], spacing=cfg["spacing"],
-                   meta={"config": str(Path(args.config).resolve()), "model": cfg["model"]["builder"]})
+                   meta={"config": str(Path(args.config).resolve()), "model": model_name(cfg["model"])})
     res.to_json(out / "results.json")
     res.to_csv(out / "results.csv")
     report = write_report(res, out)

@@ -23,6 +23,28 @@ Example::
     batch_size: 4
     output: results/
 
+``model`` names the network in one of four ways, each with ``kwargs`` (its keyword arguments) and an
+optional ``checkpoint``::
+
+    model: {builder: small_unet, kwargs: {num_classes: 4}}          # a medadv.models builder
+    model: {monai: UNet, kwargs: {spatial_dims: 3, in_channels: 1, out_channels: 4,
+                                  channels: [8, 16], strides: [2]}}  # monai.networks.nets by name
+    model: {torchvision: resnet18, kwargs: {num_classes: 3}}        # never downloads: weights=None
+    model: {builder: "nets/mynet.py:MyNet", kwargs: {width: 16}}   # a class or function in a file
+    model: {builder: "mypackage.models:build"}                     # anything importable
+    model: {torchscript: model.pt}                                  # torch.jit.save'd: no kwargs
+
+Files are relative to the config's folder. ``checkpoint`` is a state dict, or a mapping holding one under
+``state_dict``, ``model_state_dict`` or ``model``; ``strip_prefix: module.`` removes a prefix (as
+``nn.DataParallel`` writes) from its keys; it is read with ``weights_only=True`` and loaded strictly (a
+mismatch lists the missing and unexpected keys). Without a checkpoint the weights are random, drawn
+with the config's ``seed`` (``model.seed`` to change it): the same every run, and a warning says so.
+
+**A config is code.** ``builder`` names a function that medadv calls, and a Python file named there
+runs when the model is built (``medadv validate`` only reads it). Builders that are not an ``nn.Module``
+class or a Python function returning one are refused (``builder: "os:system"`` is an error), but that
+is a guard against mistakes, not a sandbox: run only configs you would run as scripts.
+
 Budgets and bounds are in the data's units. Every registered attack is built from its name with its
 defaults plus the parameters given (``medadv attacks --params NAME`` lists them); an unknown parameter
 is an error naming the closest valid one. Attacks with an ε-ball (``threat_kind`` "ball" or
@@ -40,10 +62,12 @@ data files) without building the model, loading the data or running anything.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
-import inspect
 import os
+import sys
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -72,10 +96,14 @@ from .params import InvalidParameterError, closest
 from .tasks import MultiClass, MultiLabel, Segmentation, Task
 from .threats import L2, Box, Linf, Threat
 
-__all__ = ["ConfigError", "load_config", "build_model", "check_model", "build_task", "build_data", "check_data",
+__all__ = ["ConfigError", "RandomWeightsWarning", "load_config", "build_model", "check_model", "model_name", "build_task", "build_data", "check_data",
            "build_attacks", "build_target_fn", "check_target", "check_targets"]
 
 TargetFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+class RandomWeightsWarning(UserWarning):
+    """The model of a config has no checkpoint: its (seeded) random weights are evaluated."""
 
 
 def load_config(path: str | os.PathLike) -> dict[str, Any]:
@@ -99,20 +127,16 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
         raise ConfigError([f"{p}: not valid YAML{at}: {problem}"]) from None
     cfg = validate_config(raw).model_dump()
     cfg["_dir"] = str(p.parent.resolve())
+    if cfg["model"]["seed"] is None:  # the model's random initial weights follow the config's seed
+        cfg["model"]["seed"] = cfg["seed"]
     return cfg
 
 
 def _check_call(fn: Callable[..., Any], kwargs: Mapping[str, Any], where: str, skip: tuple[str, ...] = ()) -> None:
     """Refuse keyword arguments ``fn`` does not take, naming the closest one it does."""
-    params = inspect.signature(fn).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return
-    names = [n for n, p in params.items() if n not in skip and p.kind is not inspect.Parameter.VAR_POSITIONAL]
-    for k in kwargs:
-        if k not in names:
-            c = closest(str(k), names)
-            hint = f"; did you mean `{c}`?" if c else ""
-            raise ConfigError([f"unknown key `{k}` in `{where}`{hint} (valid keys: {', '.join(names)})"])
+    from .models.loading import check_kwargs
+
+    check_kwargs(fn, kwargs, where, required=False, skip=skip)
 
 
 def _module_exists(spec: str, where: str) -> tuple[str, str]:
@@ -136,55 +160,139 @@ def _import(spec: str, where: str) -> Any:
         raise ConfigError([f"`{where}` {spec!r}: module {mod!r} has no {name!r}"]) from None
 
 
-def _builder(spec: ModelSection, *, load: bool) -> Callable[..., nn.Module] | None:
-    name = spec.builder
-    if ":" in name:
-        # a user module runs code when imported: only find it unless the model is really built
-        if load:
-            return _import(name, "model.builder")
-        _module_exists(name, "model.builder")
-        return None
-    from . import models
-
-    builders = [n for n in getattr(models, "__all__", dir(models)) if callable(getattr(models, n, None))]
-    if not hasattr(models, name):
-        c = closest(name, builders)
-        hint = f"; did you mean {c!r}?" if c else ""
-        raise ConfigError([f"`model.builder`: unknown model builder {name!r}{hint} (use a medadv.models builder "
-                           "or 'package.module:function')"])
-    fn: Callable[..., nn.Module] = getattr(models, name)
-    _check_call(fn, spec.kwargs, "model.kwargs")
-    return fn
+def _relative(value: str, base_dir: str | None) -> Path:
+    path = Path(value)
+    return Path(base_dir) / path if base_dir and not path.is_absolute() else path
 
 
-def _checkpoint(spec: ModelSection, base_dir: str | None) -> Path | None:
-    if not spec.checkpoint:
-        return None
-    path = Path(spec.checkpoint)
-    if not path.is_absolute() and base_dir:
-        path = Path(base_dir) / path
+def _existing_file(value: str, base_dir: str | None, where: str, what: str = "file") -> Path:
+    path = _relative(value, base_dir)
     if not path.is_file():
-        raise FileNotFoundError(f"`model.checkpoint`: file not found: {path.resolve()}")
+        relative = f" ({value!r} is relative to the config's folder)" if not Path(value).is_absolute() and base_dir \
+            else ""
+        there = "; a folder is there" if path.is_dir() else ""
+        raise FileNotFoundError(f"`{where}`: file not found: {path.resolve()}{relative}{there}"
+                                + (f" (expected {what})" if what != "file" else ""))
     return path
 
 
+def _file_spec(name: str) -> tuple[str, str] | None:
+    """``("path/to/file.py", "Name")`` for a builder given as a Python file, else ``None``."""
+    left, colon, right = name.rpartition(":")
+    return (left, right) if colon and left.endswith(".py") else None
+
+
+def _network(conf: ModelSection, base_dir: str | None, *, load: bool) -> Callable[[], nn.Module] | None:
+    """What builds the network (``None`` when ``load`` is false and only user code could tell more).
+
+    Checked without building: the name resolves (with the closest valid one when it does not), the
+    keyword arguments are ones the network takes, nothing downloads weights, files exist. With ``load``
+    false no user module is imported and no user file is run: a Python file is read for its top-level
+    names only, a ``package.module:function`` builder is looked at only if its module is already imported.
+    """
+    from .models import loading
+
+    kind, name = conf.network()
+    where = f"`model.{kind}` {name!r}"
+    kwargs = dict(conf.kwargs)
+    fn: Callable[..., Any]
+    if kind == "torchscript":
+        path = _existing_file(name, base_dir, "model.torchscript", "a TorchScript file written by torch.jit.save")
+        if not load:
+            return None
+
+        def scripted() -> nn.Module:
+            from .models.io import load_torchscript
+
+            return load_torchscript(path, "cpu", where="`model.torchscript`")
+
+        return scripted
+    if kind == "monai":
+        fn = loading.resolve_monai(name.rsplit(".", 1)[-1], "`model.monai`")
+        kwargs = loading.no_download(fn, kwargs, "model.kwargs")
+    elif kind == "torchvision":
+        fn = loading.resolve_torchvision(name, "`model.torchvision`")
+        kwargs = loading.no_download(fn, kwargs, "model.kwargs")
+    elif (in_file := _file_spec(name)) is not None:
+        path = _existing_file(in_file[0], base_dir, "model.builder", "a Python file")
+        if not load:
+            loading.check_file(path, in_file[1], where)
+            return None
+        fn = loading.import_file(path, in_file[1], where)
+    elif ":" in name:
+        mod, attr = _module_exists(name, "model.builder")
+        if not load and mod not in sys.modules:  # importing a user module runs its code: only find it
+            return None
+        fn = _import(name, "model.builder")
+    else:
+        from . import models
+
+        builders = [n for n in getattr(models, "__all__", dir(models)) if callable(getattr(models, n, None))]
+        if name.endswith(".py"):
+            raise ConfigError([f"`model.builder` {name!r}: name the class or function after a colon, "
+                               f"'{name}:Name'"])
+        if not hasattr(models, name):
+            c = closest(name, builders)
+            hint = f"; did you mean {c!r}?" if c else ""
+            raise ConfigError([f"`model.builder`: unknown model builder {name!r}{hint} (use a medadv.models builder, "
+                               "'path/to/file.py:Name', 'package.module:function', or `monai:`/`torchvision:`)"])
+        fn = getattr(models, name)
+    loading.check_builder(fn, where)
+    loading.check_kwargs(fn, kwargs, "model.kwargs")
+    return functools.partial(loading.call_builder, fn, kwargs, where)
+
+
+def model_name(spec: Mapping[str, Any]) -> str:
+    """A short name of the configured network for reports: ``monai:UNet``, ``torchvision:resnet18``,
+    ``builder:small_unet``, ``torchscript:model.pt``."""
+    kind, name = validate_section(ModelSection, spec, ("model",)).network()
+    return f"{kind}:{name}"
+
+
 def check_model(spec: Mapping[str, Any], base_dir: str | None = None) -> None:
-    """What :func:`build_model` would refuse, without building the model or importing user code."""
+    """What :func:`build_model` would refuse, without building the model or running user code.
+
+    The network's name resolves (MONAI/torchvision/medadv names with the closest valid one; a Python file
+    exists and defines the name; an importable module exists), its keyword arguments are ones it takes,
+    nothing would download weights, and the checkpoint / TorchScript files exist.
+    """
     conf: ModelSection = validate_section(ModelSection, spec, ("model",))
-    _builder(conf, load=False)
+    _network(conf, base_dir, load=False)
     _checkpoint(conf, base_dir)
 
 
-def build_model(spec: Mapping[str, Any], base_dir: str | None = None) -> nn.Module:
+def _checkpoint(conf: ModelSection, base_dir: str | None) -> Path | None:
+    if not conf.checkpoint:
+        return None
+    return _existing_file(conf.checkpoint, base_dir, "model.checkpoint")
+
+
+def build_model(spec: Mapping[str, Any], base_dir: str | None = None, *, seed: int | None = None) -> nn.Module:
+    """The configured network in eval mode, with the checkpoint's weights when one is given.
+
+    The network is built with torch's CPU random generator seeded with ``seed`` (else ``model.seed``, which
+    :func:`load_config` sets to the config's ``seed``; else 0) inside :func:`torch.random.fork_rng`, so
+    its initial weights are the same every run and the caller's random state is untouched. Without a
+    checkpoint those random weights are what is evaluated: a warning says so. The checkpoint is read with
+    ``weights_only=True`` and loaded strictly (:func:`medadv.models.io.load_checkpoint`).
+    """
     from .models.io import load_checkpoint
 
     conf: ModelSection = validate_section(ModelSection, spec, ("model",))
-    build = _builder(conf, load=True)
-    assert build is not None
-    model = build(**conf.kwargs)
-    path = _checkpoint(conf, base_dir)
+    path = _checkpoint(conf, base_dir)  # a missing file is found before any user code runs
+    make = _network(conf, base_dir, load=True)
+    assert make is not None
+    seed = seed if seed is not None else conf.seed if conf.seed is not None else 0
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = make()
     if path is not None:
-        load_checkpoint(path, model)
+        load_checkpoint(path, model, strip_prefix=conf.strip_prefix, where="`model.checkpoint`")
+    elif conf.torchscript is None:
+        kind, name = conf.network()
+        warnings.warn(f"model {kind} {name!r} has no `checkpoint`: its weights are random, drawn with seed {seed} "
+                      "(the same every run); give `model.checkpoint` to evaluate trained weights",
+                      RandomWeightsWarning, stacklevel=2)
     return model.eval()
 
 

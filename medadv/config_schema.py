@@ -37,7 +37,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from .params import InvalidParameterError, closest
 
-__all__ = ["ConfigError", "Config", "AttackPlan", "AttackEntry", "ModelSection", "TaskSection", "DataSection",
+__all__ = ["ConfigError", "Config", "AttackPlan", "AttackEntry", "ModelSection", "MODEL_KINDS", "TaskSection", "DataSection",
            "ThreatSection", "parse_budget", "validate_config", "validate_section", "format_errors"]
 
 
@@ -92,6 +92,7 @@ Bool = Annotated[bool, Strict()]
 Number = Annotated[float, Strict()]  # ints are numbers too; strings are not
 
 TASK_TYPES = ("multiclass", "multilabel", "segmentation")
+MODEL_KINDS = ("builder", "monai", "torchvision", "torchscript")
 DATA_SOURCES = ("mni152", "synthetic", "npz")
 
 
@@ -126,14 +127,59 @@ class _Section(BaseModel):
                                         loc=err["loc"], input=err["input"])
                        for err in e.errors(include_url=False)
                        # `bulder: x` is one mistake: not also "`builder` is required"
-                       if not (err["type"] == "missing" and tuple(err["loc"]) in {(m,) for m in meant})]
+                       if not (err["type"] == "missing" and tuple(err["loc"]) in {(m,) for m in meant})
+                       and not (err["type"] == "one_of"
+                                and meant & set((err.get("ctx") or {}).get("options", "").split(",")))]
         raise ValidationError.from_exception_data(cls.__name__, errors)
 
 
 class ModelSection(_Section):
-    builder: str = Field(min_length=1)
+    """The network: exactly one of ``builder``, ``monai``, ``torchvision``, ``torchscript``; then weights.
+
+    * ``builder``: a :mod:`medadv.models` builder (``small_unet``), ``path/to/file.py:Name`` (a class or a
+      function returning an ``nn.Module``, in a file relative to the config's folder) or
+      ``package.module:function`` (importable from here);
+    * ``monai``: a network of ``monai.networks.nets`` by name (``UNet``);
+    * ``torchvision``: a torchvision model builder by name (``resnet18``), with no download;
+    * ``torchscript``: a file written by ``torch.jit.save`` (architecture and weights in one).
+
+    ``kwargs`` are the builder's keyword arguments; ``checkpoint`` a state-dict file (or a mapping holding
+    one under ``state_dict``/``model_state_dict``/``model``) loaded strictly after ``strip_prefix`` is
+    removed from its keys; ``seed`` draws the initial weights (default: the config's ``seed``).
+    """
+
+    builder: str | None = Field(None, min_length=1)
+    monai: str | None = Field(None, min_length=1)
+    torchvision: str | None = Field(None, min_length=1)
+    torchscript: str | None = Field(None, min_length=1)
     kwargs: dict[str, Any] = {}
-    checkpoint: str | None = None
+    checkpoint: str | None = Field(None, min_length=1)
+    strip_prefix: str | None = Field(None, min_length=1)
+    seed: Int | None = None
+
+    @model_validator(mode="after")
+    def _one_network(self) -> ModelSection:
+        given = [k for k in MODEL_KINDS if getattr(self, k) is not None]
+        if len(given) != 1:
+            listed = ", ".join(f"`{k}`" for k in MODEL_KINDS)
+            got = f"; got {' and '.join(f'`{k}`' for k in given)}" if given else ""
+            raise PydanticCustomError("one_of", "needs exactly one of {listed} naming the network{got}",
+                                      {"listed": listed, "got": got, "options": ",".join(MODEL_KINDS)})
+        if self.torchscript is not None and self.kwargs:
+            raise PydanticCustomError("one_of", "`kwargs` does not go with `torchscript`: a TorchScript file "
+                                      "holds its architecture and arguments", {"options": ""})
+        if self.strip_prefix is not None and self.checkpoint is None:
+            raise PydanticCustomError("one_of", "`strip_prefix` applies to the keys of a `checkpoint`, and none "
+                                      "is given", {"options": ""})
+        return self
+
+    def network(self) -> tuple[str, str]:
+        """``(kind, name)``: which of ``builder``/``monai``/``torchvision``/``torchscript`` and its value."""
+        for kind in MODEL_KINDS:
+            value = getattr(self, kind)
+            if value is not None:
+                return kind, value
+        raise AssertionError("validated: one network is given")
 
 
 class MultiClassTask(_Section):

@@ -187,3 +187,20 @@ def test_load_config_fills_defaults_and_reports_yaml_errors(tmp_path):
     p.write_text("model: [unclosed\n")
     with pytest.raises(ConfigError, match=r"not valid YAML at line 2, column 1"):
         load_config(p)
+
+
+def test_documented_model_sections_stay_valid():
+    # each `model:` line of medadv.config's docstring fits the schema; the library ones resolve
+    from medadv.config_schema import ModelSection, validate_section
+
+    doc = config_mod.__doc__ or ""
+    block = doc.split("``model`` names the network", 1)[1].split("::", 1)[1].split("\n\n")[1]
+    entries = re.split(r"\n(?=model:)", inspect.cleandoc("\n" + block))
+    kinds = []
+    for text in entries:
+        spec = yaml.safe_load(text)["model"]
+        kind, name = validate_section(ModelSection, spec).network()
+        kinds.append(kind)
+        if kind in ("monai", "torchvision") or ":" not in name and kind == "builder":
+            check_model(spec)
+    assert kinds == ["builder", "monai", "torchvision", "builder", "builder", "torchscript"]

@@ -57,11 +57,10 @@ def test_multilabel_worst_case_of_members_and_no_weaker_than_pgd(trained_multila
 def test_seg3d_worst_case_of_members_and_no_weaker_than_pgd(trained_seg3d):
     t = trained_seg3d
     threat = Linf(0.08, bounds=(0.0, 1.0))
-    atk = AutoEvaluation(t.task, threat, version="custom", attacks=SEG_MEMBERS, steps=10, queries=30, checks=False,
-                         progressive_radius=False)
+    atk = AutoEvaluation(t.task, threat, version="custom", attacks=SEG_MEMBERS, steps=10, queries=30, checks=False)
     res = atk(t.model, t.x, t.y)
     final = _metric(t, res.x_adv)
-    alone = _alone(t, threat, SEG_MEMBERS, steps=10, queries=30, progressive_radius=False)
+    alone = _alone(t, threat, SEG_MEMBERS, steps=10, queries=30)
     # the same per-sample numbers as running every member alone (up to float reduction order across batches)
     assert torch.allclose(final, alone.min(dim=0).values, atol=1e-6)
     assert bool((final <= alone.min(dim=0).values + 1e-6).all())
@@ -76,8 +75,8 @@ def test_progressive_radius_stays_in_the_ball(trained_seg2d, norm):
     box = Box(torch.zeros(2, 1, 1), torch.tensor([1.0, 2.0]).reshape(2, 1, 1))
     x = t.x * torch.tensor([1.0, 2.0]).reshape(1, 2, 1, 1)  # data inside the per-channel box
     threat = Linf(0.05, bounds=box) if norm == "Linf" else L2(1.0, bounds=box)
-    atk = AutoEvaluation(t.task, threat, version="custom", attacks=["apgd-ce", "apgd-js"], steps=10, checks=False)
-    assert atk._radius  # on by default for segmentation
+    atk = AutoEvaluation(t.task, threat, version="custom", attacks=["apgd-ce", "apgd-js"], steps=10, checks=False,
+                         progressive_radius=True)
     res = atk(t.model, x, t.y)
     assert bool((res.linf <= threat.eps + 1e-6).all()) if norm == "Linf" else bool((res.l2 <= threat.eps + 1e-5).all())
     lo, hi = box.lohi(x)
@@ -155,3 +154,53 @@ def test_evaluate_tabulates_each_member(trained_multilabel):
     assert abs(after[-1] - sum(r["adv_exact_match"] for r in res.rows) / len(res.rows)) < 1e-9
     text = res.format_summary()
     assert "worst case after each member" in text and "apgd-flip" in text
+
+
+# --- gradient-masking checks inside auto, and the pytest plugin ------------------------------------------------------
+class _Quantised(torch.nn.Module):
+    """A masked model: the input is rounded to 1/8 steps before the network (zero input gradients)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(torch.round(x * 8) / 8)
+
+
+class _Sigmoid(torch.nn.Module):
+    """A masked model: probabilities instead of logits (the multi-label head's sigmoid left in)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x).sigmoid()
+
+
+def test_masking_flags_fire_on_masked_models_and_not_on_the_sound_one(trained_multilabel):
+    t = trained_multilabel
+    threat = Linf(0.1, bounds=(0.0, 1.0))
+
+    def flags(model):
+        atk = AutoEvaluation(t.task, threat, version="custom", attacks=["apgd-ce", "square"], steps=10, queries=100)
+        return set(atk(model, t.x, t.y).details.masking)
+
+    assert flags(t.model) == set()
+    quantised = flags(_Quantised(t.model))
+    # APGD sees no gradient, Square still breaks samples: both the zero-gradient and the black-box flag
+    assert {"zero_gradients", "black_box_wins"} <= quantised
+    assert "probability_outputs" in flags(_Sigmoid(t.model))
+
+
+def test_pytest_plugin_measures_auto(trained_multilabel, tmp_path):
+    from medadv.testing import RobustnessCheck
+
+    t = trained_multilabel
+    threat = Linf(0.03, bounds=(0.0, 1.0))
+    check = RobustnessCheck(tmp_path / "baselines.json", update=True)
+    auto = check.check("cnn-auto", t.model, t.task, (t.x, t.y), AutoEvaluation(t.task, threat, version="fast"))
+    pgd = check.measure(t.model, t.task, (t.x, t.y), PGD(t.task, threat, steps=20))
+    assert auto <= pgd  # the headline metric (label accuracy) under the ensemble is no higher than under PGD
+    assert "cnn-auto" in (tmp_path / "baselines.json").read_text()
