@@ -26,9 +26,17 @@ from medadv.attacks.resistance import SaliencyResistance
 from medadv.attacks.saliency import REFERENCE_PIXELS
 from medadv.data.brain_patches import brain_patches
 from medadv.data.chest_xray import ImageNetNormalize, load_chest_xray
-from medadv.explain import GradCAM, Gradient, GradientXInput, IntegratedGradients, SmoothGrad
+from medadv.explain import (
+    GradCAM,
+    Gradient,
+    GradientXInput,
+    GuidedBackprop,
+    GuidedGradCAM,
+    IntegratedGradients,
+    SmoothGrad,
+)
 from medadv.metrics.classification import macro_auc
-from medadv.metrics.saliency import map_jsd, map_ssim, prediction_jsd, psc
+from medadv.metrics.saliency import map_jsd, map_ssim, mass_in_region, prediction_jsd, psc
 from medadv.models import chexnet, fit_supervised, small_cnn
 from medadv.report.saliency_figures import plot_saliency_attack
 from medadv.tasks import MultiLabel
@@ -68,6 +76,11 @@ def _summary(res, task, kind: str) -> dict:
         if ex.get("target_map") is not None:
             out["ssim_tgt"] = float(map_ssim(ex["map_adv"], ex["target_map"]).mean())
             out["ssim_tgt_clean"] = float(map_ssim(ex["map"], ex["target_map"]).mean())
+            # share of the map's mass inside the target region (NaN for an all-zero map, counted as 0 here)
+            out["mass_tgt_clean"] = float(ex["target_mass_clean"].nan_to_num(0.0).mean())
+            out["mass_tgt"] = float(ex["target_mass"].nan_to_num(0.0).mean())
+            out["mass_tgt_min"] = float(ex["target_mass"].nan_to_num(0.0).min())
+            out["erased_maps"] = int((ex["map_adv"].flatten(1).sum(1) == 0).sum())
     else:
         f = ex["flipped"]
         out["flipped"] = float(f.float().mean())
@@ -116,12 +129,8 @@ def _save(results: dict) -> None:
 
 
 def brain(n_images: int, results: dict, methods: list[str], strong: bool = False) -> None:
-    torch.manual_seed(0)
-    tr, te = brain_patches(split="train"), brain_patches(split="test")
-    task = MultiLabel()
-    model = small_cnn(1, tr.y.shape[1], width=16)
-    fit_supervised(model, task, tr.x, tr.y, epochs=40, lr=3e-3, batch_size=16, seed=0)
-    model.eval()
+    model, task, te = _load_brain_model(results)
+    tr = brain_patches(split="train")
     with torch.no_grad():
         logits = model(te.x)
     acc = float((task.predict(logits) == te.y).float().mean())
@@ -162,6 +171,73 @@ def _strong(expl, model, x, task, results) -> None:
     _run(f"brain_relevance_topk_sign_{expl.name}",
          SaliencyRelevance(task, th, expl, goal="topk", optimizer="sign", step_size=0.5 / 255, steps=100, check_every=5),
          model, x, task, "relevance", results, [0, 1, 2], f"relevance test (top-k, signed steps), {expl.name}")
+
+
+def _load_brain_model(results: dict):
+    torch.manual_seed(0)
+    tr, te = brain_patches(split="train"), brain_patches(split="test")
+    task = MultiLabel()
+    model = small_cnn(1, tr.y.shape[1], width=16)
+    fit_supervised(model, task, tr.x, tr.y, epochs=40, lr=3e-3, batch_size=16, seed=0)
+    return model.eval(), task, te
+
+
+def _transfer(name: str, res, model, x, evaluated, results: dict) -> None:
+    """Evaluation-only maps on the images attacked through their differentiable counterpart (Zhang et al.)."""
+    label = res.extras["label"]
+    target = res.extras["target_map"]
+    m0, m1 = evaluated(model, x, label), evaluated(model, res.x_adv, label)
+    r = results[name]
+    r[f"transfer_{evaluated.name}_mass_tgt_clean"] = float(mass_in_region(m0, target).nan_to_num(0.0).mean())
+    r[f"transfer_{evaluated.name}_mass_tgt"] = float(mass_in_region(m1, target).nan_to_num(0.0).mean())
+    r[f"transfer_{evaluated.name}_ssim_org"] = float(map_ssim(m0, m1).mean())
+    _save(results)
+    print("  transfer", evaluated.name, {k: round(v, 4) for k, v in r.items() if k.startswith("transfer_")}, flush=True)
+
+
+def target(results: dict, n_images: int, parts: list[str]) -> None:
+    """The relevance test's target goal before/after the fix: share of map mass inside the target square."""
+    th = Linf(0.06, bounds=(0.0, 1.0))
+    # "zhang": the paper's reconstruction (MSE to the target, Adam 2e-4); "fixed": today's defaults
+    # (log mass share inside the region, step ε/20)
+    variants = {"zhang": dict(goal="target_mse", step_size=2e-4), "fixed": {}}
+    if "brain" in parts:
+        model, task, te = _load_brain_model(results)
+        x = te.x[:n_images]
+        for expl, guided in [(Gradient(), GuidedBackprop()), (GradCAM("4"), GuidedGradCAM("4")), (GradCAM("2"), None)]:
+            tag = expl.name + ("_" + expl.layer if isinstance(expl, GradCAM) else "")
+            for v, kw in variants.items():
+                name = f"target_brain_{tag}_{v}"
+                res = _run(name, SaliencyRelevance(task, th, expl, check_every=5, **kw), model, x, task, "relevance",
+                           results, [0, 1, 2], f"relevance test ({v}), {tag}, brain MRI 32², target square")
+                if guided is not None:
+                    _transfer(name, res, model, x, guided, results)
+    if "brain_quadrant" in parts:
+        # a region the maps can resolve: the upper-right quadrant (25% of the patch) instead of the 4×4 square
+        model, task, te = _load_brain_model(results)
+        x = te.x[:n_images]
+        quadrant = torch.zeros(32, 32)
+        quadrant[:16, 16:] = 1.0
+        for expl in [Gradient(), GradCAM("4"), GradCAM("2")]:
+            tag = expl.name + ("_" + expl.layer if isinstance(expl, GradCAM) else "")
+            for v, kw in variants.items():
+                name = f"target_brain_quadrant_{tag}_{v}"
+                _run(name, SaliencyRelevance(task, th, expl, target_map=quadrant, check_every=5, **kw), model, x,
+                     task, "relevance", results, [0, 1, 2], f"relevance test ({v}), {tag}, brain MRI 32², quadrant")
+    if "cxr" in parts:
+        torch.manual_seed(0)
+        task = MultiLabel()
+        model = nn.Sequential(ImageNetNormalize(), chexnet(14)).eval()
+        size = 128
+        x = load_chest_xray(size, channels=3)[None]
+        # denseblock3: an 8×8 grid at 128², one cell per 16-px target square (norm5 is 4×4: coarser than it)
+        cam = GradCAM("1.features.denseblock3")
+        for v, kw in variants.items():
+            kw = {**kw, "steps": 40}  # CPU budget: DenseNet-121 double backprop at 128²
+            name = f"target_cxr_gradcam_denseblock3_{v}"
+            res = _run(name, SaliencyRelevance(task, th, cam, check_every=5, **kw), model, x, task, "relevance",
+                       results, [0], f"CheXNet (random weights), chest X-ray {size}², Grad-CAM relevance ({v})")
+            _transfer(name, res, model, x, GuidedGradCAM("1.features.denseblock3"), results)
 
 
 def cxr(results: dict, size: int = 128) -> None:
@@ -213,16 +289,25 @@ def table(results: dict) -> str:
 
 
 def main() -> None:
+    global OUT
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", default="all", choices=["brain", "cxr", "all", "table"])
+    ap.add_argument("--part", default="all", choices=["brain", "cxr", "all", "table", "target"])
+    ap.add_argument("--target-parts", default="brain,brain_quadrant,cxr",
+                    help="--part target: any of brain, brain_quadrant, cxr")
+    ap.add_argument("--out", default=str(OUT), help="results JSON (read, updated, written back)")
     ap.add_argument("--images", type=int, default=16)
     ap.add_argument("--strong", action="store_true", help="stronger relevance variants (brain)")
     ap.add_argument("--methods", default="gradient,gradient_x_input,integrated_gradients,smoothgrad,gradcam")
     args = ap.parse_args()
     torch.set_num_threads(2)
+    OUT = Path(args.out)
     results = json.loads(OUT.read_text()) if OUT.exists() else {}
     if args.part == "table":
         print(table(results))
+        return
+    if args.part == "target":
+        target(results, args.images, args.target_parts.split(","))
+        _save(results)
         return
     if args.part in ("brain", "all"):
         brain(args.images, results, args.methods.split(","), args.strong)

@@ -55,7 +55,8 @@ REFERENCE_PIXELS = 512 * 512
 EXPLANATION = Component(
     Explanation, get_explanation,
     "a medadv Explanation, an explanation name ('gradient', 'gradient_x_input', 'integrated_gradients', "
-    "'smoothgrad', 'gradcam') or a mapping {name: ..., **params}",
+    "'smoothgrad', 'gradcam'; not the evaluation-only 'guided_backprop', 'guided_gradcam') or a mapping "
+    "{name: ..., **params}",
 )
 
 
@@ -130,14 +131,17 @@ class SaliencyAttack(IterativeAttack):
         threat: L∞/L2 ball and data box (data units).
         explanation: the attacked saliency method: an :class:`~medadv.explain.Explanation`, a name
             (``"gradient"`` default, ``"gradient_x_input"``, ``"integrated_gradients"``, ``"smoothgrad"``,
-            ``"gradcam"``) or a mapping ``{name: gradcam, layer: features.denseblock4}``.
+            ``"gradcam"``) or a mapping ``{name: gradcam, layer: features.denseblock4}``. Evaluation-only
+            explanations (``"guided_backprop"``, ``"guided_gradcam"``: no input gradient) are refused with
+            the differentiable one to attack instead; evaluate them on the attacked images (transfer).
         label: class/label whose map is attacked: an int, ``(N,)`` ints (tensor or list), or ``None`` (multi-class: the
             label ``y``; multi-label: the label with the highest clean logit; segmentation: the counted
             class with the highest mean logit).
         steps: iterations T (``None``: the attack's default).
         step_size: Adam learning rate, or the step length for ``optimizer="sign"``, in data units;
-            default ``2e-4 × the box's data range`` (Zhang et al.'s 2e-4 on [0, 1] images). Required for an
-            unbounded box. (Deprecated name: ``lr``.)
+            default ``2e-4 × the box's data range`` (Zhang et al.'s 2e-4 on [0, 1] images; the relevance
+            test uses ε/20 under L∞). Required where there is no default (an unbounded box). (Deprecated
+            name: ``lr``.)
         optimizer: ``"adam"`` (Dombrowski et al., Zhang et al.) or ``"sign"`` (Ghorbani et al.).
         prefactors: ``(γ_s, γ_p)``; default per attack.
         softplus_beta: softplus surrogate for the gradients: ``None`` (differentiate the model as is), a
@@ -201,7 +205,9 @@ class SaliencyAttack(IterativeAttack):
     ) -> None:
         super().__init__(task, threat, targeted=targeted, seed=seed)
         self._init_params(locals())
-        if step_size is None and not (self.box.bounded and math.isfinite(self.box.data_range())):
+        # the attacks differentiate the map w.r.t. the input: evaluation-only maps are refused here, by name
+        self.explanation.require_differentiable(type(self).__name__)
+        if step_size is None and self._default_step_size() is None:
             raise InvalidParameterError(
                 f"`step_size` of {type(self).__name__} is required for an unbounded data box (its default is "
                 f"{self.step_size_fraction:g} × the box's data range)")
@@ -223,9 +229,17 @@ class SaliencyAttack(IterativeAttack):
 
     @property
     def alpha(self) -> float:
-        """The step length (Adam learning rate) in data units: ``step_size`` or 2e-4 × the data range."""
+        """The step length (Adam learning rate) in data units: ``step_size`` or the attack's default."""
         if self.step_size is not None:
             return self.step_size
+        default = self._default_step_size()
+        assert default is not None  # refused in __init__
+        return default
+
+    def _default_step_size(self) -> float | None:
+        """The step size when none is given (data units), ``None`` if there is none (unbounded box)."""
+        if not (self.box.bounded and math.isfinite(self.box.data_range())):
+            return None
         return self.step_size_fraction * self.box.data_range()
 
     def _check_settings(self) -> None:
@@ -241,6 +255,9 @@ class SaliencyAttack(IterativeAttack):
 
     def _setup(self, ctx: StepContext, label: Tensor, map0: Tensor) -> None:
         """Per-call constants (targets, masks): per-sample tensors into ``ctx.state``, others into ``ctx.shared``."""
+
+    def _step_setup(self, surrogate: nn.Module, ctx: StepContext) -> None:
+        """Per-step constants that depend on the surrogate's current β (into ``ctx.state``); default none."""
 
     def _losses(self, ctx: StepContext, m: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
         """Per-sample ``(L_map, L_pred)`` on the surrogate's map and logits (both ``(n,)``)."""
@@ -296,6 +313,7 @@ class SaliencyAttack(IterativeAttack):
         surrogate, betas = ctx.shared["surrogate"], ctx.shared["betas"]
         if betas is not None:
             set_softplus_beta(surrogate, betas[ctx.step])
+        self._step_setup(surrogate, ctx)
         m = self.explanation.map(surrogate, v, ctx.state["label"], create_graph=True)
         logits = self.forward(surrogate, v)
         l_map, l_pred = self._losses(ctx, m, logits)

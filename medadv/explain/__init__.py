@@ -1,4 +1,5 @@
-"""Differentiable saliency maps (double backprop), captum-based where captum allows it.
+"""Saliency maps, captum-based where captum allows it: differentiable ones (double backprop) for attacks,
+and evaluation-only ones (Guided Backprop, Guided Grad-CAM: ``Explanation.differentiable`` is False).
 
 captum is imported when a captum-based map is first computed, not by ``import medadv``.
 """
@@ -16,6 +17,7 @@ from .base import (
 )
 from .gradcam import GradCAM
 from .gradient import Gradient, GradientXInput, IntegratedGradients, differentiable_gradient_func
+from .guided import GuidedBackprop, GuidedGradCAM
 from .smoothgrad import SmoothGrad
 from .surrogate import beta_schedule, set_softplus_beta, softplus_surrogate
 
@@ -33,6 +35,8 @@ __all__ = [
     "GradientXInput",
     "IntegratedGradients",
     "GradCAM",
+    "GuidedBackprop",
+    "GuidedGradCAM",
     "SmoothGrad",
     "softplus_surrogate",
     "set_softplus_beta",

@@ -131,17 +131,43 @@ class Explanation(Configurable, ABC):
 
     #: registry name (``get_explanation(name)``); set by :func:`register_explanation`
     name: ClassVar[str] = "explanation"
+    #: whether the map can be differentiated w.r.t. the input (``create_graph=True``), as the saliency
+    #: attacks need; ``False`` marks an evaluation-only explanation (see :meth:`require_differentiable`)
+    differentiable: ClassVar[bool] = True
+    #: evaluation-only explanations: why their map has no usable input gradient
+    not_differentiable_because: ClassVar[str] = ""
+    #: evaluation-only explanations: the differentiable explanation to attack instead (its registry name)
+    attack_instead: ClassVar[str] = ""
 
     @abstractmethod
     def attribute(self, model: nn.Module, x: Tensor, target: Tensor, *, create_graph: bool = False) -> Tensor:
         """Raw attribution for ``target`` (``(N,)`` int64): same shape as ``x`` unless stated otherwise."""
 
+    @classmethod
+    def require_differentiable(cls, who: str = "this call") -> None:
+        """Raise :class:`~medadv.params.InvalidParameterError` if the map cannot be differentiated.
+
+        Attacks call it with their own name (``who``); the message says why the map has no input gradient
+        and which explanation to attack instead (the evaluation-only map is then evaluated on the attacked
+        images, by transfer, as Zhang et al. evaluate Guided Grad-CAM).
+        """
+        if cls.differentiable:
+            return
+        instead = cls.attack_instead
+        raise InvalidParameterError(
+            f"explanation {cls.name!r} is evaluation-only: {cls.not_differentiable_because}. {who} needs a map "
+            f"it can differentiate w.r.t. the input; attack {instead!r} instead and evaluate {cls.name!r} on the "
+            f"attacked images (transfer)")
+
     def map(self, model: nn.Module, x: Tensor, target: Tensor, *, create_graph: bool = False) -> Tensor:
         """Normalised map ``(N, *spatial)`` with the model as it is (for attack loops: no checks, no mode change).
 
         The caller is responsible for the model's mode; :meth:`compute` and :meth:`__call__` put it in
-        attack mode first.
+        attack mode first. ``create_graph=True`` is refused for evaluation-only explanations
+        (:attr:`differentiable` False).
         """
+        if create_graph:
+            self.require_differentiable("create_graph=True")
         if not x.requires_grad:
             # a fresh leaf that shares storage: the caller's tensor keeps its requires_grad flag
             x = x.detach().requires_grad_(True)

@@ -26,6 +26,7 @@ __all__ = [
     "topk_intersection",
     "center_of_mass",
     "center_of_mass_shift",
+    "mass_in_region",
     "jsd",
     "map_jsd",
     "prediction_jsd",
@@ -140,6 +141,34 @@ def center_of_mass_shift(a: Tensor, b: Tensor) -> Tensor:
     """Euclidean distance between the maps' centres of mass (element units; Ghorbani et al.)."""
     _check_pair(a, b)
     return (center_of_mass(a) - center_of_mass(b)).norm(dim=1)
+
+
+def mass_in_region(m: Tensor, region: Tensor) -> Tensor:
+    """Share of each map's mass inside a region, ``(N,)`` in [0, 1]: ``Σ_region |m| / Σ |m|``.
+
+    The relevance test's success measure (how much of the explanation an attacker moved into the target
+    square), unlike SSIM to the target it does not ask the map to be uniform inside the region. A map that
+    spreads its mass evenly scores the region's area fraction.
+
+    Args:
+        m: maps ``(N, *spatial)`` (absolute values are used; medadv's maps are already non-negative).
+        region: ``(*spatial)`` or ``(N, *spatial)``; a boolean mask, or weights whose positive entries
+            form the region (e.g. the attack's ``target_map``).
+
+    All-zero maps give NaN (no mass to locate).
+    """
+    if not isinstance(m, Tensor) or not isinstance(region, Tensor):
+        raise TypeError("`m` and `region` must be torch.Tensors")
+    if m.ndim < 2:
+        raise ValueError(f"maps must be batched (N, *spatial), got shape {tuple(m.shape)}")
+    spatial = tuple(m.shape[1:])
+    if tuple(region.shape) != spatial and tuple(region.shape) != tuple(m.shape):
+        raise ValueError(f"`region` must have shape {spatial} or {tuple(m.shape)}, got {tuple(region.shape)}")
+    inside = (region > 0) if region.dtype != torch.bool else region
+    a = m.abs()
+    total = a.flatten(1).sum(1)
+    share = (a * inside.to(device=a.device, dtype=a.dtype)).flatten(1).sum(1) / total.clamp_min(torch.finfo(a.dtype).tiny)
+    return torch.where(total > 0, share, torch.full_like(share, float("nan")))
 
 
 def jsd(p: Tensor, q: Tensor, dim: int = -1) -> Tensor:

@@ -194,7 +194,9 @@ def test_built_from_a_config_with_defaults_and_an_explanation_mapping():
     net, x = _tiny()
     th = Linf(0.05, bounds=(0.0, 1.0))
     rel = get_attack("saliency_relevance", MultiClass(), th)
-    assert isinstance(rel.explanation, Gradient) and rel.steps == 200 and rel.alpha == pytest.approx(2e-4)
+    # the relevance test's default step is ε/20 under L∞ (Zhang et al.'s 2e-4 cannot reach ε in 200 steps)
+    assert isinstance(rel.explanation, Gradient) and rel.steps == 200 and rel.alpha == pytest.approx(0.05 / 20)
+    assert get_attack("saliency_resistance", MultiClass(), th).alpha == pytest.approx(2e-4)
     res = get_attack("saliency_resistance", MultiClass(), th, explanation={"name": "gradcam", "layer": "2"}, steps=3)
     assert isinstance(res.explanation, GradCAM) and res.explanation.layer == "2"
     assert get_attack("saliency_resistance", MultiClass(), th, explanation={"name": "gradcam", "layer": "2"}
@@ -240,11 +242,17 @@ def test_params_round_trip_fingerprints_and_deprecated_names():
         SaliencyRelevance(MultiClass(), th, steps=2.5)
     with pytest.raises(InvalidParameterError, match="did you mean 'softplus_beta'"):
         get_attack("saliency_relevance", MultiClass(), th, softplus_bta=3.0)
-    # the step size default is in data units: 2e-4 of the box's range; unbounded boxes need one
-    assert SaliencyRelevance(MultiClass(), Linf(5.0, bounds=(0.0, 255.0))).alpha == pytest.approx(2e-4 * 255)
+    # the step size default is in data units: ε/20 for the relevance test under L∞, else 2e-4 of the box's
+    # range; without either (an unbounded box) one must be given
+    assert SaliencyRelevance(MultiClass(), Linf(5.0, bounds=(0.0, 255.0))).alpha == pytest.approx(5.0 / 20)
+    assert SaliencyRelevance(MultiClass(), Linf(0.1, bounds=Box.unbounded())).alpha == pytest.approx(0.1 / 20)
+    assert SaliencyRelevance(MultiClass(), L2(5.0, bounds=(0.0, 255.0))).alpha == pytest.approx(2e-4 * 255)
+    assert SaliencyResistance(MultiClass(), Linf(5.0, bounds=(0.0, 255.0))).alpha == pytest.approx(2e-4 * 255)
     with pytest.raises(InvalidParameterError, match="step_size.*unbounded"):
-        SaliencyRelevance(MultiClass(), Linf(0.1, bounds=Box.unbounded()))
-    assert SaliencyRelevance(MultiClass(), Linf(0.1, bounds=Box.unbounded()), step_size=0.01).alpha == 0.01
+        SaliencyResistance(MultiClass(), Linf(0.1, bounds=Box.unbounded()))
+    with pytest.raises(InvalidParameterError, match="step_size.*unbounded"):
+        SaliencyRelevance(MultiClass(), L2(0.1, bounds=Box.unbounded()))
+    assert SaliencyRelevance(MultiClass(), L2(0.1, bounds=Box.unbounded()), step_size=0.01).alpha == 0.01
 
 
 def _reference_relevance(model, x, expl, label, steps, lr, betas, g_s, g_p, target):
@@ -255,7 +263,7 @@ def _reference_relevance(model, x, expl, label, steps, lr, betas, g_s, g_p, targ
     sur = softplus_surrogate(model, betas[0])
     with torch.no_grad():
         logits0 = model(x)
-    p0, pred0 = logits0.softmax(1), logits0.argmax(1)
+    pred0 = logits0.argmax(1)
 
     def crit(m):
         return (m - target).pow(2).flatten(1).mean(1)
@@ -265,8 +273,10 @@ def _reference_relevance(model, x, expl, label, steps, lr, betas, g_s, g_p, targ
     opt = torch.optim.Adam([delta], lr=lr)
     for t in range(steps):
         set_softplus_beta(sur, betas[t])
+        with torch.no_grad():  # the prediction term's reference: the surrogate at x, same β
+            p_ref = sur(x).softmax(1)
         m = expl.compute(sur, x + delta, label, create_graph=True)
-        loss = g_s * crit(m) + g_p * (sur(x + delta).softmax(1) - p0).pow(2).mean(1)
+        loss = g_s * crit(m) + g_p * (sur(x + delta).softmax(1) - p_ref).pow(2).mean(1)
         (delta.grad,) = torch.autograd.grad(loss.sum(), delta)
         opt.step()
         with torch.no_grad():
@@ -288,8 +298,9 @@ def test_engine_port_equals_the_reference_adam_loop():
     net, x = _tiny()
     label = net(x).argmax(1)
     g_s, g_p = 1e7, 1e4
-    res = SaliencyRelevance(MultiClass(), Linf(0.05, bounds=(0.0, 1.0)), "gradient", steps=8, step_size=5e-3,
-                            prefactors=(g_s, g_p), softplus_beta=(10.0, 100.0))(net, x)
+    # the reference is Zhang et al.'s MSE-to-target loop: goal="target_mse"
+    res = SaliencyRelevance(MultiClass(), Linf(0.05, bounds=(0.0, 1.0)), "gradient", goal="target_mse", steps=8,
+                            step_size=5e-3, prefactors=(g_s, g_p), softplus_beta=(10.0, 100.0))(net, x)
     t = square_target((8, 8)).expand(4, 8, 8)
     ref = _reference_relevance(net, x, Gradient(), label, 8, 5e-3, beta_schedule(10.0, 100.0, 8), g_s, g_p, t)
     assert not torch.equal(ref, x)  # the reference moved
@@ -322,3 +333,78 @@ def test_default_target_of_a_volume_is_the_square_on_every_slice():
     torch.testing.assert_close(t.flatten(1).sum(1), torch.ones(2))
     for d in range(4):
         torch.testing.assert_close(t[0, d] * 4, square_target((64, 64)))
+
+
+# --- the relevance test moves the map onto the target (issue 12 §2) --------------------------------------------------
+def _quadrant() -> torch.Tensor:
+    q = torch.zeros(16, 16)
+    q[:8, 8:] = 1.0  # the upper-right quadrant of the 16x16 blobs
+    return q
+
+
+def test_relevance_moves_most_of_the_map_mass_into_the_target_and_keeps_predictions(ml):
+    """The fixed objective (log mass share) puts most Grad-CAM mass in the region; Zhang's MSE erased the maps."""
+    from medadv.metrics.saliency import mass_in_region
+
+    model, task, x, _ = ml
+    x = x[:4]
+    kw = dict(target_map=_quadrant(), steps=40, check_every=5)
+    th = Linf(0.06, bounds=(0.0, 1.0))
+    res = SaliencyRelevance(task, th, GradCAM("2"), **kw)(model, x)
+    d = res.details
+    # (a clean Grad-CAM map can be all zero: its share is NaN)
+    torch.testing.assert_close(d.target_mass_clean, mass_in_region(d.map, _quadrant()), equal_nan=True)
+    torch.testing.assert_close(d.target_mass, mass_in_region(d.map_adv, _quadrant()))
+    assert d.target_mass.min() > 0.5 and d.target_mass.mean() > d.target_mass_clean.nanmean() + 0.2
+    assert not res.fooled.any() and d.admissible.all() and d.prob_change.max() < 0.05
+    assert (res.linf <= 0.06 + 1e-6).all()
+    assert {"target_mass", "target_mass_clean"} <= set(res.rows()[0])
+    # Zhang et al.'s MSE objective, same budget and steps: the best "MSE to the target" is an erased map
+    mse = SaliencyRelevance(task, th, GradCAM("2"), goal="target_mse", **kw)(model, x).details
+    erased = mse.map_adv.flatten(1).sum(1) == 0
+    assert erased.any() and (mse.target_mass.nan_to_num(0.0) < 0.5).all()
+
+
+def test_relevance_default_step_uses_the_budget(ml):
+    """Zhang's 2e-4 cannot travel to ε in the steps given: a larger ball changes nothing; ε/20 does use it."""
+    model, task, x, _ = ml
+    x = x[:2]
+    kw = dict(steps=20, check_every=5)
+    small = [SaliencyRelevance(task, Linf(e, bounds=(0.0, 1.0)), step_size=2e-4, **kw)(model, x) for e in (0.03, 0.3)]
+    assert torch.equal(small[0].x_adv, small[1].x_adv)  # the ε = 0.03 ball is never reached
+    assert small[0].linf.max() < 0.03
+    wide = SaliencyRelevance(task, Linf(0.03, bounds=(0.0, 1.0)), **kw)(model, x)
+    assert wide.linf.max() > 0.02
+
+
+def test_attacks_refuse_evaluation_only_explanations(ml):
+    from medadv.explain import GuidedBackprop
+    from medadv.params import InvalidParameterError
+
+    _, task, _, _ = ml
+    th = Linf(0.06, bounds=(0.0, 1.0))
+    with pytest.raises(InvalidParameterError, match=r"'guided_backprop' is evaluation-only.*SaliencyRelevance.*"
+                                                    r"attack 'gradient' instead"):
+        SaliencyRelevance(task, th, "guided_backprop")
+    with pytest.raises(InvalidParameterError, match=r"'guided_gradcam' is evaluation-only.*attack 'gradcam' instead"):
+        SaliencyResistance(task, th, {"name": "guided_gradcam", "layer": "2"})
+    with pytest.raises(InvalidParameterError, match="evaluation-only"):
+        get_attack("saliency_resistance", task, th, explanation=GuidedBackprop())
+    with pytest.raises(InvalidParameterError, match="evaluation-only"):
+        SaliencyRelevance(task, th).set_params(explanation="guided_backprop")
+
+
+def test_mass_in_region_by_hand():
+    from medadv.metrics.saliency import mass_in_region
+
+    m = torch.tensor([[[1.0, 3.0], [0.0, 4.0]], [[0.0, 0.0], [0.0, 0.0]], [[2.0, 2.0], [2.0, 2.0]]])
+    region = torch.tensor([[False, True], [False, True]])
+    out = mass_in_region(m, region)
+    torch.testing.assert_close(out[[0, 2]], torch.tensor([7 / 8, 0.5]))
+    assert torch.isnan(out[1])  # an all-zero map has no mass to locate
+    # weights: the positive entries form the region; per-sample regions; absolute values
+    torch.testing.assert_close(mass_in_region(-m[:1], region.float() * 0.3), torch.tensor([7 / 8]))
+    per_sample = torch.stack([region, ~region, region])
+    torch.testing.assert_close(mass_in_region(m, per_sample)[[0, 2]], torch.tensor([7 / 8, 0.5]))
+    with pytest.raises(ValueError, match="region"):
+        mass_in_region(m, region[0])
