@@ -430,7 +430,7 @@ def factory() -> Any:
     for k, v in {
         "Case": Case, "first_case": first_case, "candidates": candidates, "model_state": model_state,
         "prepare_model": prepare_model, "make_threat": make_threat, "make_box": make_box, "EPS": EPS,
-        "SMALL": SMALL, "ANY": ANY,
+        "SMALL": SMALL, "ANY": ANY, "settings_for": settings_for,
     }.items():
         setattr(f, k, v)
     return f

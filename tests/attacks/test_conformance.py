@@ -273,14 +273,18 @@ def test_fingerprint_differs_when_a_parameter_differs(attack_param, factory):
     if not values:
         return  # the declaration admits this one value only: there is no other setting to tell apart
     refused = []
-    for v in values:
-        other = _try_build(case, **{p: v})
-        if isinstance(other, Exception):
-            refused.append(f"{v!r}: {other}")
-            continue
-        assert stable_hash(other.get_params()[p]) != stable_hash(current), f"`{p}`={v!r} was not stored"
-        assert other.fingerprint() != base.fingerprint(), f"`{p}`={v!r} gives the same fingerprint"
-        return
+    # a value may apply to some tasks only (auto's progressive_radius is refused for multi-class): every setting
+    for setting in factory.settings_for(case.cls):
+        here = factory.Case(name, setting)
+        here_base = here.build()
+        for v in values:
+            other = _try_build(here, **{p: v})
+            if isinstance(other, Exception):
+                refused.append(f"{v!r} ({setting.key}): {other}")
+                continue
+            assert stable_hash(other.get_params()[p]) != stable_hash(current), f"`{p}`={v!r} was not stored"
+            assert other.fingerprint() != here_base.fingerprint(), f"`{p}`={v!r} gives the same fingerprint"
+            return
     # values that need another parameter changed with them (GAP's universal=True needs input_shape,
     # AutoAttack's version='standard' needs attacks=None): two valid builds that differ in `p` only
     for q, cq in declared.items():
