@@ -41,6 +41,21 @@ def _named_attacks(attacks: Attack | Sequence[Attack] | Mapping[str, Attack]) ->
     return items
 
 
+def _sample_hashes(x: Tensor, y: Tensor) -> list[str]:
+    """A short content hash per sample of ``(x, y)`` (dtype, shape and bytes): a resumed run reuses a row only
+    if its sample is the same data, not merely the same position in the iteration order."""
+    xs, ys = x.detach().cpu().contiguous(), y.detach().cpu().contiguous()
+    out = []
+    for i in range(xs.shape[0]):
+        h = hashlib.sha256()
+        for t in (xs[i], ys[i]):
+            t = t.float() if t.dtype == torch.bfloat16 else t
+            h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.numpy().tobytes())
+        out.append(h.hexdigest()[:16])
+    return out
+
+
 def _weights_hash(model: nn.Module) -> str:
     """A short hash of the model's class and every weight and buffer (computed once per call)."""
     h = hashlib.sha256(type(model).__qualname__.encode())
@@ -197,7 +212,8 @@ def evaluate(
             ε-ball, which run once).
         log: JSON Lines file to which rows are appended batch by batch. Rows already in it are kept
             and their (sample, attack, budget) is not recomputed: a crashed run resumes where it stopped.
-            A row counts only if its ``config`` fingerprint matches this call: the model's weights, the
+            A row counts only if its ``data`` hash (the sample's input and label bytes) and its ``config``
+            fingerprint match this call: the model's weights, the
             task, ``attack.fingerprint()`` (every declared parameter of the attack, its task and its
             threat or data box), ``hd95``, ``spacing`` and, for targeted attacks, the target function's
             name. Rows of other settings or of attacks not requested are ignored.
@@ -228,8 +244,12 @@ def evaluate(
     # rows of a resumed log count only if they came from the same model, task and attack settings
     done = [r for r in (Results.read_log(log).rows if log is not None else [])
             if r.get("config") == configs.get(r["attack"])]
-    done_keys = {(r["sample"], r["attack"], r["budget"]) for r in done}
-    results = Results(done, meta={"task": repr(task), **(meta or {})})
+    # rows of the log by sample; a row is reused only once its sample's data is known to be the same
+    logged: dict[int, list[dict[str, Any]]] = {}
+    for r in done:
+        logged.setdefault(r["sample"], []).append(r)
+    done_keys: set[tuple[Any, ...]] = set()
+    results = Results([], meta={"task": repr(task), **(meta or {})})
     device = model_device(model)
 
     bar = None
@@ -244,6 +264,16 @@ def evaluate(
             check_input(x)
             ids = list(range(offset, offset + x.shape[0]))
             offset += x.shape[0]
+            if not isinstance(y, Tensor) or y.ndim == 0 or y.shape[0] != x.shape[0]:
+                raise ValueError(f"`y` of a batch must be a tensor with one label per sample ({x.shape[0]}), got "
+                                 + (f"shape {tuple(y.shape)}" if isinstance(y, Tensor) else type(y).__name__))
+            hashes = _sample_hashes(x, y)
+            for i, sid in enumerate(ids):  # logged rows of the same data count as done; others are redone
+                for r in logged.pop(sid, ()):
+                    key = (sid, r["attack"], r["budget"])
+                    if r.get("data") == hashes[i] and key not in done_keys:
+                        results.rows.append(r)
+                        done_keys.add(key)
             todo = [(n, a) for n, a in named if any((i, n, a.budget) not in done_keys for i in ids)]
             if not todo:
                 continue
@@ -263,6 +293,7 @@ def evaluate(
                     if key in done_keys:
                         continue
                     new.append({"sample": ids[i], "attack": name, "budget": atk.budget, "config": configs[name],
+                                "data": hashes[i],
                                 "fooled": bool(fooled[i]), "linf": float(linf[i]), "l2": float(l2[i]),
                                 **row, **extra[i]})
                     done_keys.add(key)

@@ -226,7 +226,11 @@ class Results:
 
     # --- export ----------------------------------------------------------------------------------------------
     def to_json(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(json.dumps({"meta": self.meta, "rows": self.rows}, indent=1))
+        """Write the table atomically: a crash mid-write leaves the previous file, never a truncated one."""
+        p = Path(path)
+        tmp = p.with_name(f".{p.name}.tmp")
+        tmp.write_text(json.dumps({"meta": self.meta, "rows": self.rows}, indent=1))
+        os.replace(tmp, p)
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> Results:
@@ -251,8 +255,9 @@ class Results:
     def read_log(cls, path: str | os.PathLike) -> Results:
         """Rows from a JSON Lines log; a truncated last line (crash mid-write) is dropped.
 
-        A row repeated with the same key and settings fingerprint (``config``) is kept once; rows of the
-        same key from other settings are all kept (``evaluate`` picks those of its own settings).
+        A row repeated with the same key, settings fingerprint (``config``) and sample data hash (``data``) is
+        kept once; rows of the same key from other settings or other data are all kept (``evaluate`` picks
+        those of its own settings and data).
         """
         rows, seen = [], set()
         p = Path(path)
@@ -262,7 +267,7 @@ class Results:
                     r = json.loads(line)
                 except json.JSONDecodeError:
                     continue
-                k = (*(r[c] for c in KEY), r.get("config"))
+                k = (*(r[c] for c in KEY), r.get("config"), r.get("data"))
                 if k not in seen:
                     seen.add(k)
                     rows.append(r)

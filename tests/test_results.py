@@ -53,6 +53,35 @@ def test_log_resume_does_not_duplicate_or_recompute(trained_multiclass, tmp_path
     assert len({r["sample"] for r in lines}) == 32
 
 
+def test_resume_after_the_data_changed_recomputes_the_changed_samples(trained_multiclass, tmp_path):
+    """The log's rows carry a hash of each sample's data: new data at the same positions is attacked again."""
+    t = trained_multiclass
+    log = tmp_path / "log.jsonl"
+    atk = {"pgd": PGD(t.task, Linf(0.1, bounds=(0.0, 1.0)), steps=2)}
+    first = evaluate(t.model, t.task, (t.x[:16], t.y[:16]), atk, log=log)
+    calls = []
+    orig = atk["pgd"].perturb
+    atk["pgd"].perturb = lambda *a: calls.append(a[1].shape[0]) or orig(*a)
+    x = t.x[:16].clone()
+    x[3] = 1.0 - x[3]  # one sample changed, same position
+    res = evaluate(t.model, t.task, (x, t.y[:16]), atk, log=log)
+    assert calls == [16]  # the batch had a changed sample: attacked again
+    assert len(res) == 16 and {r["sample"] for r in res} == set(range(16))
+    changed = next(r for r in res if r["sample"] == 3)
+    assert changed["data"] != next(r for r in first if r["sample"] == 3)["data"]
+    calls.clear()
+    again = evaluate(t.model, t.task, (x, t.y[:16]), atk, log=log)  # now every row of this data is logged
+    assert calls == [] and len(again) == 16
+    assert [r["adv_pred"] for r in again] == [r["adv_pred"] for r in res]
+
+
+def test_results_json_is_written_atomically(tmp_path):
+    path = tmp_path / "results.json"
+    Results([{"sample": 0, "attack": "a", "budget": None}]).to_json(path)
+    assert Results.from_json(path).rows[0]["attack"] == "a"
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]  # no temporary file left behind
+
+
 def test_evaluate_rejects_bad_arguments(trained_multiclass):
     t = trained_multiclass
     atk = PGD(t.task, Linf(0.1, bounds=(0.0, 1.0)), steps=1)
