@@ -46,6 +46,7 @@ import torch
 from torch import Tensor, nn
 
 from .params import Int, Optional, Real
+from .results import METRIC_COLUMNS
 from .runtime import attack_mode, check_input, check_model, forward_tensor, model_device
 from .tasks import MultiLabel, Segmentation, Task
 from .threats import Bounds, Box
@@ -77,7 +78,7 @@ CHECKS: dict[str, str] = {
 }
 
 #: the per-sample robust-metric column of :func:`~medadv.evaluation.sample_rows`, per task, in lookup order
-HEADLINE_COLUMNS: tuple[str, ...] = ("adv_correct", "adv_exact_match", "adv_mean_dice")
+HEADLINE_COLUMNS: tuple[str, ...] = tuple("adv_" + c for c in METRIC_COLUMNS.values())
 
 
 @dataclass(frozen=True)

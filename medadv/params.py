@@ -35,6 +35,7 @@ __all__ = [
     "Bool",
     "Constant",
     "Options",
+    "Names",
     "Optional",
     "Pair",
     "Instance",
@@ -242,6 +243,32 @@ class Constant(Constraint):
         if type(value) is not type(self.value) or value != self.value:
             raise ValueError
         return value
+
+
+class Names(Constraint):
+    """A non-empty list of distinct names from ``options`` (case-insensitive; stored canonical, in order),
+    e.g. the members of an attack ensemble; a misspelt name gets the closest option."""
+
+    def __init__(self, *options: str) -> None:
+        self.options = options
+
+    def describe(self) -> str:
+        return "a non-empty list of distinct names from " + ", ".join(repr(o) for o in self.options)
+
+    def convert(self, value: Any) -> list[str]:
+        if isinstance(value, str) or not isinstance(value, Sequence) or not value:
+            raise TypeError
+        out = [Options(*self.options).convert(v) for v in value]
+        if len(set(out)) != len(out):
+            raise ValueError
+        return out
+
+    def _hint(self, value: Any) -> str:
+        if isinstance(value, Sequence) and not isinstance(value, str):
+            bad = [v for v in value if isinstance(v, str) and v.lower() not in self.options]
+            if bad:
+                return _did_you_mean(bad[0], self.options)
+        return ""
 
 
 class Optional(Constraint):

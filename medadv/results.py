@@ -24,8 +24,8 @@ ENSEMBLE_COLUMN = "attack_metric_after"
 #: detail columns of ``auto`` shown by the ensemble and masking tables instead of the generic means
 ENSEMBLE_DETAILS = ("attack_metric_after", "attack_attacked", "attack_seconds", "attack_components", "attack_metric",
                     "attack_masking", "attack_masking_messages")
-#: the per-sample clean column of each robust metric (``Task.robust_metric_name``)
-CLEAN_COLUMNS = {"accuracy": "clean_correct", "exact_match": "clean_exact_match", "mean_dice": "clean_mean_dice"}
+#: the per-sample result column of each robust metric (``Task.robust_metric_name``), ``clean_``/``adv_`` prefixed
+METRIC_COLUMNS = {"accuracy": "correct", "exact_match": "exact_match", "mean_dice": "mean_dice"}
 #: prefix of the columns that hold an attack's declared per-sample outputs (``AttackDetails.columns``)
 DETAIL_PREFIX = "attack_"
 
@@ -45,7 +45,7 @@ def _columns(rows: Iterable[dict[str, Any]]) -> list[str]:
 
 
 def _clean_metric(row: dict[str, Any], metric: str) -> float | None:
-    v = row.get(CLEAN_COLUMNS.get(metric, "clean_" + metric))
+    v = row.get("clean_" + METRIC_COLUMNS.get(metric, metric))
     return None if v is None else float(v)
 
 

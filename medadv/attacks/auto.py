@@ -22,14 +22,14 @@ whole batch, so a sample's result is the one it would get from that member alone
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from ..params import Bool, Constant, Constraint, Int, InvalidParameterError, Optional, Options, _did_you_mean
+from ..params import Bool, Constant, Int, InvalidParameterError, Names, Optional, Options, _did_you_mean
 from ..runtime import forward_tensor
 from ..tasks import MultiClass, MultiLabel, Segmentation, Task
 from ..threats import Threat
@@ -69,6 +69,9 @@ VERSIONS: dict[str, dict[str, dict[str, Any]]] = {
     },
 }
 
+#: every member name of any task (which ones a task accepts is checked with the task)
+MEMBER_NAMES = tuple(dict.fromkeys(n for names in COMPONENTS.values() for n in names))
+
 #: SEA's progressive radius: (radius in units of ε, fraction of the steps), then ε for the rest
 RADIUS_SCHEDULE = ((2.0, 0.3), (1.5, 0.3))
 
@@ -86,24 +89,6 @@ def _task_key(task: Task) -> str:
 def auto_components(task: Task, version: str = "standard") -> tuple[str, ...]:
     """The members ``auto`` runs for ``task`` with ``version`` (``"standard"`` or ``"fast"``), in order."""
     return tuple(VERSIONS[_task_key(task)][version]["attacks"])
-
-
-class _Members(Constraint):
-    """A non-empty list of distinct member names (validated against the task in ``__init__``)."""
-
-    #: every member name of any task (which ones a task accepts is checked with the task)
-    options = tuple(dict.fromkeys(n for names in COMPONENTS.values() for n in names))
-
-    def describe(self) -> str:
-        return "a non-empty list of distinct member names (e.g. ['apgd-ce', 'square'])"
-
-    def convert(self, value: Any) -> list[str]:
-        if isinstance(value, str) or not isinstance(value, Sequence) or not value:
-            raise TypeError
-        out = [str(v).lower() for v in value]
-        if not all(isinstance(v, str) for v in value) or len(set(out)) != len(out):
-            raise ValueError
-        return out
 
 
 class _ComponentAPGD(APGD):
@@ -240,7 +225,7 @@ class AutoEvaluation(Attack):
 
     params: ClassVar[dict[str, Any]] = {
         "version": Options("standard", "fast", "custom"),
-        "attacks": Optional(_Members()),
+        "attacks": Optional(Names(*MEMBER_NAMES)),
         "steps": Optional(Int(low=1)),
         "restarts": Int(low=1),
         "targets": Optional(Int(low=1)),

@@ -9,13 +9,12 @@ HU or z-scored MRI is attacked without being clipped to [0, 1].
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from ..params import Constant, Constraint, Int, InvalidParameterError, Optional, Options, _did_you_mean
+from ..params import Constant, Int, InvalidParameterError, Names, Optional, Options
 from ..tasks import Task
 from ..threats import Threat
 from .base import Attack, register
@@ -24,31 +23,6 @@ __all__ = ["AutoAttack", "UnitBox", "run_pyautoattack"]
 
 _VERSIONS = ("standard", "plus", "rand", "custom")
 _ATTACKS = ("apgd-ce", "apgd-dlr", "fab", "square", "apgd-t", "fab-t")
-
-
-class _Members(Constraint):
-    """A non-empty list of distinct names from ``options`` (case-insensitive; stored canonical, in order)."""
-
-    def __init__(self, *options: str) -> None:
-        self.options = options
-
-    def describe(self) -> str:
-        return "a non-empty list of distinct names from " + ", ".join(repr(o) for o in self.options)
-
-    def convert(self, value: Any) -> list[str]:
-        if isinstance(value, str) or not isinstance(value, Sequence) or not value:
-            raise TypeError
-        out = [Options(*self.options).convert(v) for v in value]
-        if len(set(out)) != len(out):
-            raise ValueError
-        return out
-
-    def _hint(self, value: Any) -> str:
-        if isinstance(value, Sequence) and not isinstance(value, str):
-            bad = [v for v in value if isinstance(v, str) and v.lower() not in self.options]
-            if bad:
-                return _did_you_mean(bad[0], self.options)
-        return ""
 
 
 class UnitBox(nn.Module):
@@ -115,7 +89,7 @@ class AutoAttack(Attack):
 
     params: ClassVar[dict[str, Any]] = {
         "version": Options(*_VERSIONS),
-        "attacks": Optional(_Members(*_ATTACKS)),
+        "attacks": Optional(Names(*_ATTACKS)),
         "batch_size": Optional(Int(low=1)),
         "targeted": Constant(False, "AutoAttack is untargeted: its APGD-T/FAB-T members choose their own targets"),
     }
