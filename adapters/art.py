@@ -2,32 +2,51 @@
 
 ART (adversarial-robustness-toolbox) 1.20 assumes single-label classifiers: ``PyTorchClassifier`` reduces
 multi-hot labels to an index and crashes with ``BCEWithLogitsLoss`` (ART issues #2064/#2066), FGM divides
-multi-hot labels by their sum, and there is no segmentation estimator at all (ART #989, #2291). The two
+multi-hot labels by their sum, and there is no segmentation estimator at all (ART #989, #2291). The
 estimators here plug a medadv :class:`~medadv.tasks.Task` loss into ART's own interfaces, so ART's
-unmodified attacks (FGM, PGD on both back ends, BIM, APGD, JSMA, ...) and ``AdversarialTrainer`` run on:
+unmodified attacks and trainers run on:
 
 * :class:`ARTClassifier` -- ``MultiLabel`` (per-label BCE, labels kept multi-hot) and ``MultiClass``
   models; a real ``PyTorchClassifier`` subclass, so ART picks its PyTorch PGD back end.
 * :class:`ARTSegmenter` -- ``Segmentation`` models with ``(N, C, *spatial)`` logits (MONAI UNet, SegResNet,
   UNETR, ...), per-voxel CE / Dice / DiceCE from the task. Deliberately *not* a ``ClassifierMixin``:
-  ART would otherwise try to one-hot the label maps.
+  ART would otherwise try to one-hot the label maps. ``nb_classes`` is the number of output channels C.
+* :class:`LabelPowersetClassifier` (``clf.label_powerset()``) -- a multi-label model seen as a classifier
+  over label *sets*, for ART's decision-based attacks (Boundary, HopSkipJump): their arg-max test there is
+  the task's own (any label flipped; targeted: the target label vector reached).
+
+Which ART attack, trainer and metric applies to which task is the table in
+:mod:`medadv.adapters.art_support` (:data:`SUPPORT`, :data:`TRAINERS_AND_METRICS`). An attack that does not
+apply is refused with :class:`~medadv.adapters.support.UnsupportedAttackError` *when it is constructed*:
+every ART attack's constructor checks its estimator with ``Attack.is_estimator_valid``, which reads
+``type(estimator).__mro__``; the estimators' metaclass answers that read and, when it comes from
+``is_estimator_valid``, looks up the calling attack (and the trainer or metric around it) a few stack frames
+up. Each call into an estimator repeats the check (a short frame walk, no model call), which covers attacks
+without estimator requirements, ART's metrics and trainers, and the first call of ``generate``: there the
+estimator also refuses inputs outside ``clip_values`` and, on a multi-label model, ``generate(x)`` without
+``y`` (ART would attack arg-max one-hot labels; pass ``y=clf.predict_labels(x)``).
 
 Clip values and preprocessing are in the data's own units (e.g. ``clip_values=(-1024, 3071)`` for CT in HU,
 ``preprocessing=(mean, std)`` applied inside the gradient).
-
-Always pass ``y`` to ART's attacks for multi-label models: with ``y=None`` ART builds arg-max one-hot
-labels from the predictions. :meth:`ARTClassifier.predict_labels` gives the clean multi-hot prediction.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+import inspect
+import sys
+from abc import ABCMeta
+from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
 from typing import Any
 
+import art.metrics
 import numpy as np
 import torch
-from art.estimators.classification import PyTorchClassifier
+from art.attacks.attack import Attack, EvasionAttack
+from art.defences.trainer import Trainer
+from art.estimators.classification import BlackBoxClassifier, PyTorchClassifier
+from art.estimators.classification.classifier import InputFilter
 from art.estimators.pytorch import PyTorchEstimator
 from torch import Tensor, nn
 
@@ -35,8 +54,31 @@ from medadv.runtime import model_device
 from medadv.tasks import MultiClass, MultiLabel, Segmentation, Task
 
 from ._common import as_tensor, check_model, check_task, classifier_target, segmentation_target
+from .art_support import (
+    EXCLUDED,
+    EXCLUDED_TRAINERS_AND_METRICS,
+    PARAM_RULES,
+    POWERSET,
+    SUPPORT,
+    TRAINERS_AND_METRICS,
+)
+from .support import UnsupportedAttackError, check_supported, task_kind
 
-__all__ = ["ARTClassifier", "ARTSegmenter", "TaskLoss"]
+__all__ = ["ARTClassifier", "ARTSegmenter", "LabelPowersetClassifier", "TaskLoss", "SUPPORT", "EXCLUDED",
+           "TRAINERS_AND_METRICS", "EXCLUDED_TRAINERS_AND_METRICS", "UnsupportedAttackError"]
+
+_TITLES = {"multiclass": "multi-class", "multilabel": "multi-label", "seg2d": "2-D seg", "seg3d": "3-D seg"}
+#: ``Attack.is_estimator_valid``: every ART attack's constructor passes its estimator through it.
+_IS_VALID_CODE = Attack.is_estimator_valid.__code__
+#: the public ``art.metrics`` functions (a metric ART adds later is found, and refused until classified)
+_METRIC_CODES = {fn.__code__: name for name, fn in vars(art.metrics).items() if inspect.isfunction(fn)}
+#: ``art.metrics.metrics.get_crafter`` turns any error of the attack it constructs into "crafting method not
+#: supported", so a classifier's checks wait for the next touch of the estimator (still before any model call);
+#: a segmenter's cannot (ART's minimal FGM raises its own error first), its refusal is the cause of ART's error
+_GET_CRAFTER_CODE = art.metrics.metrics.get_crafter.__code__
+#: attacks whose ``y`` is not a label (FeatureAdversaries: the guide images)
+_Y_NOT_LABELS = frozenset({"FeatureAdversariesPyTorch", "FeatureAdversariesNumpy"})
+_MAX_POWERSET_LABELS = 16
 
 
 def _device_type(model: nn.Module) -> str:
@@ -68,6 +110,13 @@ def _infer_outputs(model: nn.Module, input_shape: tuple[int, ...]) -> int:
     return int(out.shape[1])
 
 
+def _float32(x: Any) -> Any:
+    """ART's decision-based attacks (Boundary, HopSkipJump, ...) query with float64 arrays; models take float32."""
+    if isinstance(x, np.ndarray) and x.dtype != np.float32 and np.issubdtype(x.dtype, np.floating):
+        return x.astype(np.float32)
+    return x
+
+
 @contextlib.contextmanager
 def _preserved(model: nn.Module) -> Iterator[None]:
     """Freeze ``model`` for an input-gradient call and restore modes, ``requires_grad`` and ``.grad`` after.
@@ -89,6 +138,180 @@ def _preserved(model: nn.Module) -> Iterator[None]:
             p.grad = g
 
 
+# --- finding the ART attack, trainer or metric that called an estimator ------------------------------------
+def _art_name(obj: Any) -> str:
+    """The ART class an attack or trainer is (a user subclass counts as the ART class it extends)."""
+    for cls in type(obj).__mro__:
+        if cls.__module__.startswith("art."):
+            return cls.__name__
+    return type(obj).__name__
+
+
+class _Caller:
+    __slots__ = ("what", "name", "obj", "init")
+
+    def __init__(self, what: str, name: str, obj: Any) -> None:
+        self.what, self.name, self.obj = what, name, obj
+        self.init: dict[str, Any] = {}  # the constructor's arguments while it runs
+
+    def get(self, attr: str) -> Any:
+        if self.obj is not None and hasattr(self.obj, attr):
+            return getattr(self.obj, attr)
+        return self.init.get(attr)
+
+
+def _art_callers(frame: FrameType | None, classifier: bool) -> tuple[list[_Caller], dict[str, Any] | None]:
+    """ART attacks, trainers and metrics on the stack above ``frame`` (outermost first), and the locals of
+    the outermost evasion attack's ``generate`` (the user's ``x`` and ``y`` at the first estimator call).
+    Nothing inside ART's ``get_crafter``, which would hide a refusal behind its own error."""
+    callers: dict[int, _Caller] = {}
+    order: list[int] = []
+    generate: dict[str, Any] | None = None
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith("art."):
+            code = frame.f_code
+            if code is _GET_CRAFTER_CODE and classifier:
+                return [], None
+            if module.startswith(("art.attacks.", "art.defences.trainer.")) and code.co_varnames[:1] == ("self",):
+                local = frame.f_locals
+                obj = local.get("self")
+                if isinstance(obj, (Attack, Trainer)):
+                    key = id(obj)
+                    if key not in callers:
+                        callers[key] = _Caller("attack" if isinstance(obj, Attack) else "trainer", _art_name(obj), obj)
+                        order.append(key)
+                    if code.co_name == "__init__":
+                        callers[key].init = local  # outer (more derived) constructors override inner ones
+                    elif code.co_name == "generate" and isinstance(obj, EvasionAttack):
+                        generate = dict(local, self=obj, __frame__=frame)
+            elif code in _METRIC_CODES:
+                key = id(code)
+                if key not in callers:
+                    callers[key] = _Caller("metric", _METRIC_CODES[code], None)
+                    order.append(key)
+        frame = frame.f_back
+    return [callers[k] for k in reversed(order)], generate
+
+
+class _Guarded:
+    """Refusals from the support tables, raised before an ART attack, trainer or metric does any work."""
+
+    _kind: str
+    _clip_values: Any
+    _input_shape: tuple[int, ...]
+    _nb_classes: int
+
+    _checked_generate: FrameType | None = None
+
+    def _guard(self, frame: FrameType | None) -> None:
+        callers, generate = _art_callers(frame, not isinstance(self, ARTSegmenter))
+        if not callers:
+            self._checked_generate = None
+            return
+        kind = self._kind
+        for caller in callers:
+            table = SUPPORT if caller.what == "attack" else TRAINERS_AND_METRICS
+            check_supported(table, "ART", caller.name, kind)
+            self._check_view(caller)
+            rule = PARAM_RULES.get(caller.name)
+            refusal = rule(caller.get, kind, self) if rule is not None else None
+            if refusal is not None:
+                setting, reason = refusal
+                raise UnsupportedAttackError(
+                    f"ART {caller.name}({setting}) does not apply to a {_TITLES[kind]} model: {reason}")
+        if generate is None:
+            self._checked_generate = None
+        elif generate["__frame__"] is not self._checked_generate:
+            # the user's x and y, checked once per generate call at the first touch of the estimator (attacks
+            # such as PixelAttack rescale their local x later); the frame is kept, not its id, which a later
+            # generate call could reuse
+            self._check_generate(generate)
+            self._checked_generate = generate["__frame__"]
+
+    # ART attacks read these properties first (LaserAttack raises on ``channels_first``, PixelAttack rescales
+    # ``x`` after reading ``clip_values``, ART's trainers reshape labels with ``nb_classes``, all before any
+    # model call), so reading them runs the check too.
+    @property
+    def clip_values(self) -> Any:
+        self._guard(sys._getframe(1))
+        return self._clip_values
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        self._guard(sys._getframe(1))
+        return tuple(self._input_shape)
+
+    @property
+    def channels_first(self) -> bool:
+        self._guard(sys._getframe(1))
+        return bool(getattr(self, "_channels_first", True))
+
+    @property
+    def nb_classes(self) -> int:
+        self._guard(sys._getframe(1))
+        return int(self._nb_classes)
+
+    @nb_classes.setter
+    def nb_classes(self, nb_classes: int) -> None:
+        if not isinstance(nb_classes, (int, np.integer)) or nb_classes < 2:
+            raise ValueError(f"`nb_classes` must be an integer >= 2, got {nb_classes!r}")
+        self._nb_classes = int(nb_classes)
+
+    def _check_view(self, caller: _Caller) -> None:
+        """Extra conditions of the estimator type (the label-powerset view)."""
+
+    def _check_generate(self, local: dict[str, Any]) -> None:
+        x = local.get("x")
+        clip = self._clip_values
+        if clip is not None and isinstance(x, np.ndarray) and x.size and np.issubdtype(x.dtype, np.number):
+            lo, hi = clip
+            if bool(np.any(np.less(x, lo))) or bool(np.any(np.greater(x, hi))):
+                raise ValueError(
+                    f"`x` has values in [{float(np.min(x)):g}, {float(np.max(x)):g}], outside the estimator's "
+                    f"clip_values ({np.min(lo):g}, {np.max(hi):g}); ART would return x_adv outside them too. Pass "
+                    "inputs inside the box, or build the estimator with clip_values matching the data (e.g. "
+                    "(-1024, 3071) for CT in HU)")
+
+
+class _HookMeta(type):
+    """Answers ``type(estimator).__mro__`` as Python does, and checks the attack when ART's
+    ``Attack.is_estimator_valid`` is the one asking (every attack constructor calls it, before any work)."""
+
+    @property
+    def __mro__(cls) -> tuple[type, ...]:  # type: ignore[override]
+        mro = type.__dict__["__mro__"].__get__(cls)
+        caller = sys._getframe(1)
+        if caller.f_code is _IS_VALID_CODE:
+            estimator = caller.f_locals.get("estimator")
+            if isinstance(estimator, _Guarded):
+                estimator._guard(caller.f_back)
+        return mro
+
+
+class _ClassifierMeta(_HookMeta, InputFilter):
+    pass
+
+
+class _EstimatorMeta(_HookMeta, ABCMeta):
+    pass
+
+
+class _TaskCallable:
+    """A task test or loss handed to an ART attack argument (``SquareAttack``'s ``adv_criterion``/``loss``)."""
+
+    _medadv_task_callable = True
+
+    def __init__(self, fn: Callable[..., np.ndarray], name: str) -> None:
+        self._fn, self._name = fn, name
+
+    def __call__(self, *args: Any) -> np.ndarray:
+        return self._fn(*args)
+
+    def __repr__(self) -> str:
+        return self._name
+
+
 class TaskLoss(nn.Module):
     """A classification task's per-sample loss as an ``nn.Module`` ART can hold (``reduction`` as ART sets it).
 
@@ -108,15 +331,17 @@ class TaskLoss(nn.Module):
         return per.sum() if self.reduction == "sum" else per.mean()
 
 
-class ARTClassifier(PyTorchClassifier):
+class ARTClassifier(_Guarded, PyTorchClassifier, metaclass=_ClassifierMeta):
     """ART ``PyTorchClassifier`` for multi-label (per-label BCE) and multi-class medical classifiers.
 
     Multi-hot labels stay multi-hot from ART's attacks to the loss (rescaled rows from FGM count every
     positive entry as present), so ART's ``FastGradientMethod``, ``ProjectedGradientDescent`` (numpy and
-    PyTorch back ends), ``BasicIterativeMethod`` and ``AutoProjectedGradientDescent`` (``loss_type=None``)
-    attack all labels at once, untargeted or towards a target label vector. ART's success logging and
-    APGD's choice of samples to attack are arg-max based (ART internals), so judge success with
-    ``task.fooled`` on the output instead.
+    PyTorch back ends), ``BasicIterativeMethod``, ``MomentumIterativeMethod`` and ``ShadowAttack`` attack all
+    labels at once, untargeted or towards a target label vector; ``SquareAttack`` runs with
+    ``adv_criterion=clf.adversarial_criterion, loss=clf.margin_loss``; ``BoundaryAttack`` and ``HopSkipJump``
+    run on :meth:`label_powerset`. Attacks built on ART's arg-max logic (APGD, DeepFool, C&W, ...) are refused
+    on multi-label models when constructed (see :mod:`medadv.adapters.art_support`). Always pass ``y`` (the
+    multi-hot labels, or :meth:`predict_labels`) to ``generate`` on a multi-label model.
 
     Args:
         model: the PyTorch model, returning ``(N, K)`` logits.
@@ -150,41 +375,199 @@ class ARTClassifier(PyTorchClassifier):
         if k < 2:
             raise ValueError(f"ART needs at least 2 outputs (`nb_classes` >= 2), the model has {k}")
         self.task = task
+        self._kind = task_kind(task)
         kwargs.setdefault("device_type", _device_type(model))
         super().__init__(model=model, loss=TaskLoss(task), input_shape=shape, nb_classes=k, optimizer=optimizer,
                          clip_values=clip_values, preprocessing=preprocessing, **kwargs)
 
+    # --- checks -------------------------------------------------------------------------------------------
+    def _check_view(self, caller: _Caller) -> None:
+        if caller.what == "attack" and caller.name in POWERSET and self._kind == "multilabel":
+            raise UnsupportedAttackError(
+                f"ART {caller.name} does not apply to a multi-label ARTClassifier directly: it compares arg-max "
+                "classes; run it on clf.label_powerset() (label sets as classes), where ART's test is the "
+                "task's own")
+
+    def _check_generate(self, local: dict[str, Any]) -> None:
+        super()._check_generate(local)
+        attack = local["self"]
+        if self._kind != "multilabel" or _art_name(attack) in _Y_NOT_LABELS:
+            return
+        y = local.get("y")
+        name = _art_name(attack)
+        if y is None:
+            raise UnsupportedAttackError(
+                f"ART {name}.generate(x) without y does not apply to a multi-label model: ART builds arg-max "
+                "one-hot labels from the predictions; pass y=clf.predict_labels(x) (the multi-hot prediction) or "
+                "the true multi-hot labels")
+        if isinstance(y, np.ndarray) and (y.ndim != 2 or y.shape[1] != self._nb_classes):
+            raise ValueError(f"`y` must be multi-hot of shape (N, {self._nb_classes}) for a multi-label model, got "
+                             f"shape {y.shape}")
+
+    # --- ART interface ------------------------------------------------------------------------------------
     def loss_gradient(self, x: Any, y: Any, training_mode: bool = False, **kwargs: Any) -> Any:
+        self._guard(sys._getframe(1))
         with _preserved(self._model):
-            return super().loss_gradient(x, y, training_mode=training_mode, **kwargs)
+            return super().loss_gradient(_float32(x), y, training_mode=training_mode, **kwargs)
 
     def class_gradient(self, x: Any, label: Any = None, training_mode: bool = False, **kwargs: Any) -> Any:
+        self._guard(sys._getframe(1))
         with _preserved(self._model):
-            return super().class_gradient(x, label=label, training_mode=training_mode, **kwargs)
+            return super().class_gradient(_float32(x), label=label, training_mode=training_mode, **kwargs)
 
     def predict(self, x: np.ndarray, batch_size: int = 128, training_mode: bool = False, **kwargs: Any) -> np.ndarray:
-        with _preserved(self._model):
-            return super().predict(x, batch_size=batch_size, training_mode=training_mode, **kwargs)
+        self._guard(sys._getframe(1))
+        return self._logits(x, batch_size, training_mode, **kwargs)
+
+    def _logits(self, x: np.ndarray, batch_size: int = 128, training_mode: bool = False, **kwargs: Any) -> np.ndarray:
+        """``PyTorchClassifier.predict`` without its DataLoader (decision-based attacks query one image at a
+        time, thousands of times) and with the model's modes restored."""
+        xp, _ = self._apply_preprocessing(_float32(np.asarray(x)), y=None, fit=False)
+        modes = [(m, m.training) for m in self._model.modules()]
+        self._model.train(training_mode)
+        try:
+            with torch.no_grad():
+                outs = [self._model(torch.from_numpy(np.ascontiguousarray(xp[i : i + batch_size])).to(self._device))[-1]
+                        for i in range(0, xp.shape[0], batch_size)]
+        finally:
+            for m, training in modes:
+                m.training = training
+        preds = torch.cat(outs).detach().cpu().numpy().astype(np.float32)
+        return self._apply_postprocessing(preds=preds, fit=False)
 
     def compute_loss(self, x: Any, y: Any, reduction: str = "none", **kwargs: Any) -> Any:
+        self._guard(sys._getframe(1))
         with _preserved(self._model):
-            return super().compute_loss(x, y, reduction=reduction, **kwargs)
+            return super().compute_loss(_float32(x), y, reduction=reduction, **kwargs)
 
+    def fit(self, x: np.ndarray, y: np.ndarray, batch_size: int = 128, nb_epochs: int = 10, **kwargs: Any) -> None:
+        self._guard(sys._getframe(1))
+        super().fit(_float32(x), y, batch_size=batch_size, nb_epochs=nb_epochs, **kwargs)
+
+    def get_activations(self, x: Any, layer: int | str | None = None, batch_size: int = 128,
+                        framework: bool = False) -> Any:
+        self._guard(sys._getframe(1))
+        modes = [(m, m.training) for m in self._model.modules()]
+        try:
+            return super().get_activations(_float32(x), layer, batch_size=batch_size, framework=framework)
+        finally:
+            for m, training in modes:
+                m.training = training
+
+    # --- medadv helpers -----------------------------------------------------------------------------------
     def predict_labels(self, x: np.ndarray, batch_size: int = 128) -> np.ndarray:
         """The task's hard prediction (multi-hot float for multi-label, indices for multi-class)."""
-        logits = torch.from_numpy(np.asarray(self.predict(x, batch_size=batch_size)))
+        logits = torch.from_numpy(np.asarray(self._logits(np.asarray(x), batch_size=batch_size)))
         return self.task.predict(logits).numpy()
 
+    @property
+    def adversarial_criterion(self) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+        """``(y_pred, y) -> (N,) bool``: the task's untargeted ``fooled`` on ART predictions (logits) and labels
+        (multi-hot or class indices / one-hot); for ``SquareAttack(adv_criterion=...)``."""
 
-class ARTSegmenter(PyTorchEstimator):
+        def fooled(y_pred: np.ndarray, y: np.ndarray) -> np.ndarray:
+            logits = torch.from_numpy(np.asarray(y_pred, dtype=np.float32))
+            target = classifier_target(self.task, torch.from_numpy(np.asarray(y)), logits)
+            return self.task.fooled(logits, target).numpy()
+
+        return _TaskCallable(fooled, "ARTClassifier.adversarial_criterion")
+
+    @property
+    def margin_loss(self) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+        """``(x, y) -> (N,)``: the task's logit margin (positive while the labels are predicted right), which
+        ``SquareAttack(loss=...)`` lowers."""
+
+        def margin(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+            logits = torch.from_numpy(self.predict(x))
+            target = classifier_target(self.task, torch.from_numpy(np.asarray(y)), logits)
+            return self.task.margin(logits, target).numpy()
+
+        return _TaskCallable(margin, "ARTClassifier.margin_loss")
+
+    def label_powerset(self) -> LabelPowersetClassifier:
+        """This multi-label model as an ART classifier over label sets, for decision-based attacks."""
+        return LabelPowersetClassifier(self)
+
+
+class LabelPowersetClassifier(_Guarded, BlackBoxClassifier, metaclass=_ClassifierMeta):
+    """A multi-label :class:`ARTClassifier` as an ART classifier whose classes are label *sets*.
+
+    Class ``c`` is the label vector with bits ``c = sum_k y_k 2**k`` (:meth:`encode` / :meth:`decode`), and
+    ``predict`` returns the one-hot of the predicted set, so ART's decision-based attacks (``BoundaryAttack``,
+    ``HopSkipJump``), which only compare arg-max classes, test exactly the task's success: untargeted (``y``
+    omitted or ``encode(labels)``) -- any label flipped; targeted (``y=encode(target_vectors)``) -- every label
+    equal to the target. No gradients and no scores: other attacks are refused on it. At most 16 labels.
+
+    Args:
+        classifier: a multi-label :class:`ARTClassifier`.
+    """
+
+    def __init__(self, classifier: ARTClassifier) -> None:
+        if not isinstance(classifier, ARTClassifier) or not isinstance(classifier.task, MultiLabel):
+            raise TypeError("`classifier` must be an ARTClassifier with a MultiLabel task")
+        k = classifier.nb_classes
+        if k > _MAX_POWERSET_LABELS:
+            raise ValueError(f"label_powerset() takes at most {_MAX_POWERSET_LABELS} labels (2**K classes), the "
+                             f"model has {k}; use ART ProjectedGradientDescent with the multi-hot y")
+        self.classifier = classifier
+        self._kind = "multilabel"
+        self._bits = (2 ** np.arange(k)).astype(np.int64)
+        super().__init__(self._predict_sets, tuple(classifier._input_shape), 2**k,
+                         clip_values=classifier.clip_values)
+
+    def __repr__(self) -> str:
+        return f"LabelPowersetClassifier({self.classifier!r})"
+
+    def _check_view(self, caller: _Caller) -> None:
+        if caller.what == "attack" and caller.name not in POWERSET:
+            raise UnsupportedAttackError(
+                f"ART {caller.name} does not apply to clf.label_powerset(): it only serves decision-based attacks "
+                f"({', '.join(sorted(POWERSET))}); run {caller.name} on the ARTClassifier itself")
+
+    def _check_generate(self, local: dict[str, Any]) -> None:
+        super()._check_generate(local)
+        y = local.get("y")
+        if isinstance(y, np.ndarray) and y.ndim == 2 and y.shape[1] == len(self._bits) != self._nb_classes:
+            raise ValueError(f"`y` looks like multi-hot labels of shape {y.shape}; label_powerset() takes label-set "
+                             "classes: pass y=view.encode(labels)")
+
+    def _predict_sets(self, x: np.ndarray) -> np.ndarray:
+        codes = self.encode(self.classifier.predict_labels(x))
+        out = np.zeros((len(codes), self.nb_classes), dtype=np.float32)
+        out[np.arange(len(codes)), codes] = 1.0
+        return out
+
+    def predict(self, x: np.ndarray, batch_size: int = 128, **kwargs: Any) -> np.ndarray:
+        self._guard(sys._getframe(1))
+        return super().predict(_float32(x), batch_size=batch_size, **kwargs)
+
+    def encode(self, labels: np.ndarray) -> np.ndarray:
+        """Multi-hot ``(N, K)`` labels -> label-set classes ``(N,)`` (int64)."""
+        labels = np.asarray(labels)
+        if labels.ndim != 2 or labels.shape[1] != len(self._bits) or not np.isin(labels, (0, 1)).all():
+            raise ValueError(f"`labels` must be multi-hot of shape (N, {len(self._bits)}), got {labels.shape}")
+        return (labels.astype(np.int64) * self._bits).sum(axis=1)
+
+    def decode(self, classes: np.ndarray) -> np.ndarray:
+        """Label-set classes ``(N,)`` (or their one-hot rows) -> multi-hot ``(N, K)`` float32 labels."""
+        classes = np.asarray(classes)
+        if classes.ndim == 2:
+            classes = classes.argmax(axis=1)
+        return ((classes.astype(np.int64)[:, None] & self._bits) > 0).astype(np.float32)
+
+
+class ARTSegmenter(_Guarded, PyTorchEstimator, metaclass=_EstimatorMeta):
     """ART estimator for 2-D and 3-D segmentation models, with per-voxel losses from the task.
 
     Implements ART's estimator, neural-network and loss-gradient interfaces (``predict``, ``fit``,
-    ``loss_gradient``, ``compute_loss``, ``get_activations``, ``input_shape``, ``device``), so ART's
-    ``FastGradientMethod``, ``ProjectedGradientDescent`` (numpy back end, ``num_random_init=0`` as ART
-    requires for non-classifiers), ``BasicIterativeMethod`` and ``AdversarialTrainer`` run on
-    ``(N, C, D, H, W)`` MONAI models. Labels ``y`` are label maps ``(N, *spatial)``; the score map that ART
-    passes when called with ``y=None`` is reduced to its arg-max.
+    ``loss_gradient``, ``compute_loss``, ``get_activations``, ``input_shape``, ``device``, ``nb_classes`` =
+    C), so ART's ``FastGradientMethod``, ``ProjectedGradientDescent`` (numpy back end, ``num_random_init=0`` as
+    ART requires for non-classifiers), ``BasicIterativeMethod``, ``MomentumIterativeMethod``,
+    ``FeatureAdversariesPyTorch``, ``SquareAttack`` (2-D, with ``adv_criterion=est.adversarial_criterion,
+    loss=est.margin_loss``), ``AdversarialTrainer`` and ``AdversarialTrainerMadryPGD(num_random_init=0)`` run
+    on ``(N, C, D, H, W)`` MONAI models; classifier attacks are refused when constructed. Labels ``y`` are
+    label maps ``(N, *spatial)``; the score map that ART passes when called with ``y=None`` is reduced to its
+    arg-max.
 
     Args:
         model: PyTorch segmentation network returning ``(N, num_classes, *spatial)`` logits.
@@ -216,19 +599,20 @@ class ARTSegmenter(PyTorchEstimator):
         check_task(task, (Segmentation,), "use ARTClassifier for classification tasks")
         if not channels_first:
             raise ValueError("`channels_first` must be True: PyTorch segmentation models are (N, C, *spatial)")
+        shape = _check_input_shape(input_shape)
+        if len(shape) not in (3, 4):
+            raise ValueError(f"`input_shape` must be (C, H, W) or (C, D, H, W) for segmentation, got {shape}")
+        self._kind = task_kind(task, len(shape) - 1)
+        self._input_shape = shape
+        self._nb_classes = task.num_classes
         super().__init__(model=model, clip_values=clip_values, channels_first=True, preprocessing=preprocessing,
                          device_type=device_type or _device_type(model), **kwargs)
         self._device = model_device(model)
-        self._input_shape = _check_input_shape(input_shape)
         self.task = task
         self._optimizer = optimizer
         self._layer_names = [name for name, _ in model.named_modules() if name]
 
     # --- properties ART reads -----------------------------------------------------------------------------
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        return self._input_shape
-
     @property
     def device(self) -> torch.device:
         return self._device
@@ -263,6 +647,10 @@ class ARTSegmenter(PyTorchEstimator):
     # --- ART interface ------------------------------------------------------------------------------------
     def predict(self, x: np.ndarray, batch_size: int = 128, training_mode: bool = False, **kwargs: Any) -> np.ndarray:
         """Logits ``(N, num_classes, *spatial)`` as a numpy array (torch in gives torch out)."""
+        self._guard(sys._getframe(1))
+        return self._logits(x, batch_size, training_mode)
+
+    def _logits(self, x: Any, batch_size: int = 128, training_mode: bool = False) -> Any:
         xt = self._x(x)
         modes = self._set_mode(training_mode)
         try:
@@ -284,6 +672,7 @@ class ARTSegmenter(PyTorchEstimator):
         Each sample's gradient is that of its own loss (losses summed over the batch), so it does not
         depend on the batch size.
         """
+        self._guard(sys._getframe(1))
         xt = self._x(x).detach().requires_grad_(True)
         modes = self._set_mode(training_mode)
         try:
@@ -295,6 +684,7 @@ class ARTSegmenter(PyTorchEstimator):
 
     def compute_loss(self, x: Any, y: Any, reduction: str = "none", **kwargs: Any) -> Any:
         """Task loss per sample (``reduction="none"``), or its ``"mean"``/``"sum"``."""
+        self._guard(sys._getframe(1))
         if reduction not in ("none", "mean", "sum"):
             raise ValueError(f"`reduction` must be 'none', 'mean' or 'sum', got {reduction!r}")
         modes = self._set_mode(False)
@@ -309,6 +699,7 @@ class ARTSegmenter(PyTorchEstimator):
     def fit(self, x: np.ndarray, y: np.ndarray, batch_size: int = 128, nb_epochs: int = 10,
             training_mode: bool = True, **kwargs: Any) -> None:
         """Train with the optimizer given at construction on the task loss (mean over each batch)."""
+        self._guard(sys._getframe(1))
         if self._optimizer is None:
             raise ValueError("`optimizer` was not given to ARTSegmenter, so it cannot fit")
         xt, yt = self._x(x), as_tensor(y, self._device, "y")
@@ -326,11 +717,14 @@ class ARTSegmenter(PyTorchEstimator):
             self._restore(modes)
 
     def get_activations(self, x: Any, layer: int | str, batch_size: int = 128, framework: bool = False) -> Any:
-        """Output of a named sub-module (``layer`` a name from ``layer_names`` or its index)."""
-        if isinstance(layer, int):
-            if not 0 <= layer < len(self._layer_names):
+        """Output of a named sub-module (``layer`` a name from ``layer_names`` or its index); with
+        ``framework=True`` a torch tensor that keeps the graph to ``x`` (for ART's feature-space attacks)."""
+        self._guard(sys._getframe(1))
+        if isinstance(layer, (int, np.integer)):
+            index = int(layer) + (len(self._layer_names) if layer < 0 else 0)  # -1: the last layer, as in ART
+            if not 0 <= index < len(self._layer_names):
                 raise ValueError(f"`layer` index must be in [0, {len(self._layer_names) - 1}], got {layer}")
-            layer = self._layer_names[layer]
+            layer = self._layer_names[index]
         modules = dict(self._model.named_modules())
         if layer not in modules or not layer:
             raise ValueError(f"`layer` {layer!r} is not a sub-module name; see `layer_names`")
@@ -339,7 +733,7 @@ class ARTSegmenter(PyTorchEstimator):
         xt = self._x(x)
         modes = self._set_mode(False)
         try:
-            with torch.no_grad():
+            with torch.set_grad_enabled(framework and torch.is_grad_enabled()):
                 for i in range(0, xt.shape[0], batch_size):
                     self._forward(xt[i : i + batch_size])
         finally:
@@ -349,3 +743,28 @@ class ARTSegmenter(PyTorchEstimator):
             raise ValueError(f"`layer` {layer!r} does not return a single tensor; choose another layer")
         acts = torch.cat(captured)
         return acts if framework else acts.cpu().numpy()
+
+    # --- medadv helpers -----------------------------------------------------------------------------------
+    @property
+    def adversarial_criterion(self) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+        """``(y_pred, y) -> (N,) bool``: the task's untargeted ``fooled`` (mean Dice below
+        ``task.dice_threshold``) on ART predictions (logits) and label maps or score maps; for
+        ``SquareAttack(adv_criterion=...)``."""
+
+        def fooled(y_pred: np.ndarray, y: np.ndarray) -> np.ndarray:
+            logits = torch.from_numpy(np.asarray(y_pred, dtype=np.float32))
+            target = segmentation_target(self.task, torch.from_numpy(np.asarray(y)), logits)
+            return self.task.fooled(logits, target).numpy()
+
+        return _TaskCallable(fooled, "ARTSegmenter.adversarial_criterion")
+
+    @property
+    def margin_loss(self) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+        """``(x, y) -> (N,)``: the task's mean per-voxel logit margin, which ``SquareAttack(loss=...)`` lowers."""
+
+        def margin(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+            logits = torch.from_numpy(self.predict(x))
+            target = segmentation_target(self.task, torch.from_numpy(np.asarray(y)), logits)
+            return self.task.margin(logits, target).numpy()
+
+        return _TaskCallable(margin, "ARTSegmenter.margin_loss")

@@ -1,38 +1,65 @@
-"""Foolbox 3 for multi-label and 2-D/3-D segmentation models: criteria, a task-aware model, a loss hook.
+"""Foolbox 3 for multi-label and 2-D/3-D segmentation models: a task-aware model, criteria, and the support table.
 
 Foolbox's gradient attacks end in ``ep.crossentropy(model(x), labels)``, which only takes ``(N, K)``
-logits, and its criteria compare an arg-max with class indices (foolbox #643, #708, #306). Here:
+logits and class indices, and its criteria compare an arg-max with class indices (foolbox #643, #708, #306).
+Here:
 
 * :class:`TaskModel` -- a ``foolbox.PyTorchModel`` that also carries the medadv task (bounds in data units,
-  Foolbox ``preprocessing`` unchanged: use ``axis=-4`` for per-channel ``(N, C, D, H, W)`` volumes).
+  Foolbox ``preprocessing`` unchanged: use ``axis=-4`` for per-channel ``(N, C, D, H, W)`` volumes). Foolbox's
+  **own** attack classes run on it unchanged:
+
+  - every gradient attack (``fb.attacks.L1PGD``, ``L2AdamPGD``, ``LinfBasicIterativeAttack``, ``MIFGSM``,
+    ``SparseL1DescentAttack``, ...) gets the task's loss: the logits a ``TaskModel`` returns compute the task's
+    per-sample loss (per-label BCE, per-voxel CE or Dice) where Foolbox asks for ``crossentropy``, so one
+    mechanism serves every attack built on ``BaseGradientDescent``, including user subclasses;
+  - decision- and score-based attacks (noise, blur, contrast, Boundary, HopSkipJump, Pointwise, ...) get the
+    task's own success test through the criteria below;
+  - an attack that does not apply to the model's task (DeepFool, C&W, FMN, ... on multi-label or
+    segmentation models, see :data:`SUPPORT`) is refused with :class:`UnsupportedAttackError` before it does
+    any work, saying what to use instead. The model finds the attack at the first call into it: every Foolbox
+    attack starts with ``verify_input_bounds``, which reads ``model.bounds``; from there the model walks a
+    few stack frames up to the calling ``foolbox.attacks`` instance (and checks again, cheaply, on each
+    forward, for attacks that reach the model another way). The same first call turns a plain labels tensor
+    on a multi-label or segmentation model (Foolbox would wrap it in ``Misclassification`` and fail with a
+    bare ``AssertionError``) and inputs outside the bounds into clear errors.
+
+  Each forward runs in eval mode with frozen parameters, so Foolbox's ``backward`` leaves the model's
+  ``.grad`` untouched.
 * Criteria -- :class:`MultiLabelMisclassification` (any label flipped), :class:`TargetedMultiLabel`
   (the target label vector reached), :class:`SegmentationMisclassification` (Dice or pixel accuracy
-  below a threshold) and :class:`TargetedSegmentation` (the target map reached on a fraction of voxels).
-  They subclass Foolbox's own ``Misclassification`` / ``TargetedMisclassification`` so Foolbox's attack
-  loop accepts them unchanged (ascend for the first, descend towards ``target_classes`` for the second).
+  below a threshold) and :class:`TargetedSegmentation` (the target map reached on a fraction of voxels);
+  :func:`criterion` picks the one matching a task. They subclass Foolbox's own ``Misclassification`` /
+  ``TargetedMisclassification`` so Foolbox's attack loops accept them unchanged (ascend for the first,
+  descend towards ``target_classes`` for the second).
 * :class:`LinfPGD`, :class:`L2PGD`, :class:`FGSM`, :class:`FGM`, :class:`LinfBasicIterativeAttack`,
-  :class:`L2BasicIterativeAttack` -- Foolbox's attacks with only the ``get_loss_fn`` hook replaced by the
-  task's loss (per-label BCE, per-voxel CE/Dice); steps, projection, random start and ``epsilons`` are
-  Foolbox's own. They also run the model in eval mode with frozen parameters, so Foolbox's ``backward``
-  leaves the model's ``.grad`` untouched.
+  :class:`L2BasicIterativeAttack` -- kept for backward compatibility: Foolbox's attacks with the task loss
+  as their ``get_loss_fn`` and the whole call in eval mode with frozen parameters. Foolbox's own classes do the
+  same on a :class:`TaskModel`.
 
-Multi-class models need no hook: Foolbox's unmodified attacks (``LinfDeepFoolAttack``, ``L2CarliniWagnerAttack``,
-...) run on a :class:`TaskModel` with ``MultiClass()`` and integer labels.
+Multi-class models need no hook: Foolbox's unmodified attacks run on a :class:`TaskModel` with ``MultiClass()``
+and integer labels.
 """
 
 from __future__ import annotations
 
+import inspect
+import os
+import sys
+from types import FrameType
 from typing import Any
 
 import eagerpy as ep
 import foolbox as fb
 import torch
+from foolbox.attacks.base import Repeated, verify_input_bounds
 from torch import Tensor, nn
 
 from medadv.runtime import attack_mode, model_device
 from medadv.tasks import MultiClass, MultiLabel, Segmentation, Task
 
 from ._common import check_model, check_task
+from .foolbox_support import EXCLUDED, SUPPORT, UNIT_BOX_ONLY
+from .support import UnsupportedAttackError, check_supported, task_kind
 
 __all__ = [
     "TaskModel",
@@ -41,6 +68,10 @@ __all__ = [
     "SegmentationMisclassification",
     "TargetedSegmentation",
     "criterion",
+    "SUPPORT",
+    "EXCLUDED",
+    "UnsupportedAttackError",
+    "attack_name",
     "LinfPGD",
     "L2PGD",
     "FGSM",
@@ -49,12 +80,104 @@ __all__ = [
     "L2BasicIterativeAttack",
 ]
 
+TOOLKIT = "Foolbox"
+_FOOLBOX_DIR = os.path.dirname(fb.__file__) + os.sep
+_VERIFY_CODE = verify_input_bounds.__code__
+#: how many frames above the model call are searched for the calling attack (Foolbox nests at most ~6)
+_MAX_DEPTH = 24
+#: frames above the model call in which any method (not only Foolbox's) is checked for an attack ``self``
+_NEAR = 8
+
+
+def _raw(t: Any) -> Any:
+    return t.raw if isinstance(t, ep.Tensor) else t
+
+
+class _TaskLogits(ep.PyTorchTensor):
+    """Logits of a multi-label or segmentation :class:`TaskModel`: ``crossentropy`` is the task's loss.
+
+    Foolbox's gradient attacks compute ``ep.crossentropy(logits, labels)`` (``logits.crossentropy(labels)``),
+    which eagerpy only defines for ``(N, K)`` logits and class indices. With these logits it is the task's
+    per-sample loss against the criterion's multi-hot labels or label map, so Foolbox's ascent (untargeted)
+    and descent (targeted) keep their meaning. Every other operation is eagerpy's own.
+    """
+
+    __slots__ = ()
+    task: Task  # set on the per-task subclass made by ``_logits_type``
+
+    def crossentropy(self, labels: Any) -> Any:
+        logits, y = self.raw, _raw(labels)
+        task = self.task
+        if not isinstance(y, Tensor):
+            raise TypeError(f"labels must be a torch.Tensor, got {type(y).__name__}")
+        if isinstance(task, MultiLabel) and tuple(y.shape) != tuple(logits.shape):
+            raise ValueError(f"multi-label loss needs multi-hot labels of shape {tuple(logits.shape)}, got "
+                             f"{tuple(y.shape)}; build the criterion with mfb.criterion(task, y)")
+        if isinstance(task, Segmentation) and tuple(y.shape) != (logits.shape[0], *logits.shape[2:]):
+            raise ValueError(f"segmentation loss needs a label map of shape {(logits.shape[0], *logits.shape[2:])}, "
+                             f"got {tuple(y.shape)}; build the criterion with mfb.criterion(task, y)")
+        return type(self)(task.loss(logits, task.to_target(y, logits)))
+
+
+def _logits_type(task: Task) -> type[_TaskLogits] | None:
+    if isinstance(task, MultiClass):
+        return None  # Foolbox's cross-entropy is the multi-class task loss: nothing to change
+    return type("TaskLogits", (_TaskLogits,), {"__slots__": (), "task": task})
+
+
+def attack_name(attack: Any) -> str | None:
+    """The :data:`SUPPORT` row of a Foolbox attack instance or class: its nearest class defined by Foolbox.
+
+    Aliases (``fb.attacks.PGD``) are the class itself; medadv's and users' subclasses of a Foolbox attack take
+    their Foolbox parent's row. A Foolbox attack class missing from the table (a newer Foolbox) gives its own
+    name, which :func:`~medadv.adapters.support.check_supported` refuses. ``None`` for an attack written on
+    Foolbox's internal base classes only (the user's own attack, not Foolbox's).
+    """
+    cls = attack if isinstance(attack, type) else type(attack)
+    for c in cls.__mro__:
+        if c.__module__.startswith("foolbox.attacks."):
+            if c.__name__ in SUPPORT or c.__name__ in EXCLUDED or (
+                    getattr(fb.attacks, c.__name__, None) is c and not inspect.isabstract(c)):
+                return c.__name__
+            return None
+    return None
+
+
+def _attacks_on_stack(frame: FrameType | None, first: bool = False) -> list[tuple[Any, FrameType]]:
+    """``(attack, frame)`` for each Foolbox attack method running above ``frame``, innermost first (only the
+    innermost with ``first``).
+
+    Reading ``f_locals`` builds a dict, so only methods are opened: those of Foolbox's own code anywhere in
+    the walk, and any method in the first few frames (a user's subclass overriding ``run`` or the loss calls
+    the model from there); the walk stays in the microseconds under a deep caller stack. ``Repeated`` is
+    unwrapped to the attack it repeats.
+    """
+    found: list[tuple[Any, FrameType]] = []
+    depth = 0
+    while frame is not None and depth < _MAX_DEPTH:
+        code = frame.f_code
+        if code.co_argcount and code.co_varnames[0] == "self" and (
+                depth < _NEAR or code.co_filename.startswith(_FOOLBOX_DIR)):
+            obj = frame.f_locals.get("self")
+            while isinstance(obj, Repeated):
+                obj = obj.attack
+            if isinstance(obj, fb.attacks.base.Attack):
+                found.append((obj, frame))
+                if first:
+                    break
+        frame = frame.f_back
+        depth += 1
+    return found
+
 
 class TaskModel(fb.PyTorchModel):
-    """A ``foolbox.PyTorchModel`` that knows its medadv task (read by the loss hook and :func:`criterion`).
+    """A ``foolbox.PyTorchModel`` that knows its medadv task: Foolbox's own attacks run on it task-aware.
+
+    Gradient attacks get the task loss, the medadv criteria give every attack the task's success test, and
+    attacks that do not apply to the task are refused (:data:`SUPPORT`) before they do any work.
 
     Args:
-        model: the PyTorch model (put it in eval mode; Foolbox warns otherwise).
+        model: the PyTorch model (each forward runs in eval mode with frozen parameters).
         task: :class:`~medadv.tasks.MultiClass`, :class:`~medadv.tasks.MultiLabel` or
             :class:`~medadv.tasks.Segmentation`.
         bounds: ``(lo, hi)`` valid input range in data units (e.g. ``(-1024, 3071)`` HU).
@@ -72,10 +195,112 @@ class TaskModel(fb.PyTorchModel):
                          device=device if device is not None else model_device(model), preprocessing=preprocessing)
         self.module = model
         self.task = task
+        self._logits = _logits_type(task)
+        self._frozen = False  # True while a medadv attack class holds attack_mode for the whole call
+        # listed once: walking a deep model's modules() and parameters() costs more than the freezing itself
+        self._module_list = list(model.modules())
+        self._param_list = list(model.parameters())
 
+    # --- the first call of every Foolbox attack: verify_input_bounds(x, model) reads model.bounds -------------
+    @property
+    def bounds(self) -> Any:
+        caller = sys._getframe(1)
+        if caller.f_code is _VERIFY_CODE:
+            self._check_call(caller)
+        return self._bounds
 
-def _raw(t: Any) -> Tensor:
-    return t.raw if isinstance(t, ep.Tensor) else t
+    def _kind(self, x: Any) -> str:
+        if isinstance(self.task, Segmentation):
+            if x.ndim not in (4, 5):
+                raise ValueError(f"a segmentation TaskModel takes (N, C, H, W) or (N, C, D, H, W) inputs, got "
+                                 f"shape {tuple(x.shape)}")
+            return task_kind(self.task, x.ndim - 2)
+        return task_kind(self.task)
+
+    def _check_call(self, verify_frame: FrameType) -> None:
+        """At an attack's entry: refuse an attack that does not apply, a labels tensor where a medadv
+        criterion is needed, inputs outside the bounds, and [0, 1]-only attacks on other bounds."""
+        x = _raw(verify_frame.f_locals.get("input"))
+        if not isinstance(x, Tensor):
+            return
+        attacks = _attacks_on_stack(verify_frame.f_back)
+        if not attacks:
+            return
+        kind = self._kind(x)
+        for attack, frame in attacks:
+            name = attack_name(attack)
+            if name is not None:
+                check_supported(SUPPORT, TOOLKIT, name, kind)
+            for local in ("criterion", "criterion_"):
+                if local in frame.f_locals:
+                    self._check_criterion(frame.f_locals[local], name or type(attack).__name__)
+            lo, hi = self._bounds
+            if name in UNIT_BOX_ONLY and (lo, hi) != (0.0, 1.0):
+                raise ValueError(
+                    f"Foolbox's {name} clips its iterates to [0, 1] whatever the model bounds, so with bounds "
+                    f"({lo:g}, {hi:g}) it would return inputs squeezed into [0, 1]; attack in [0, 1] units: "
+                    f"`fmodel.transform_bounds((0, 1))` with inputs `(x - {lo:g}) / {hi - lo:g}`")
+        lo, hi = self._bounds
+        # Foolbox itself only asserts (bare AssertionError) on out-of-bounds inputs
+        if bool((x < lo).any()) or bool((x > hi).any()):
+            raise ValueError(f"`inputs` has values in [{float(x.min()):.6g}, {float(x.max()):.6g}], outside the "
+                             f"model bounds ({lo:.6g}, {hi:.6g})")
+
+    def _check_criterion(self, crit: Any, attack: str) -> None:
+        task = self.task
+        if isinstance(crit, fb.criteria._And):
+            self._check_criterion(crit.a, attack)
+            self._check_criterion(crit.b, attack)
+            return
+        own = getattr(crit, "task", None) if isinstance(crit, _MEDADV_CRITERIA) else None
+        if own is not None and type(own) is not type(task):
+            raise TypeError(f"{type(crit).__name__} is a criterion for {type(own).__name__} models, but this "
+                            f"TaskModel's task is {task!r}; use mfb.criterion(fmodel.task, y)")
+        if isinstance(task, MultiClass) or own is not None:
+            return
+        if isinstance(crit, fb.criteria.Criterion) and not isinstance(
+                crit, (fb.criteria.Misclassification, fb.criteria.TargetedMisclassification)):
+            return  # a user's own criterion: it defines success itself
+        what = "multi-hot label vectors" if isinstance(task, MultiLabel) else "label maps"
+        got = (f"Foolbox's {type(crit).__name__}" if isinstance(crit, fb.criteria.Criterion)
+               else "a plain labels tensor" if isinstance(_raw(crit), Tensor) else f"{type(crit).__name__}")
+        raise TypeError(
+            f"Foolbox {attack} got {got}, which Foolbox reads as one class index per sample (arg-max over the "
+            f"last axis); for {what} pass `mfb.criterion(fmodel.task, y)` (or `targeted=True` with the target), "
+            "i.e. a medadv.adapters.foolbox criterion such as "
+            + ("MultiLabelMisclassification(y)" if isinstance(task, MultiLabel)
+               else "SegmentationMisclassification(y, task)"))
+
+    # --- every forward ------------------------------------------------------------------------------------
+    def __call__(self, inputs: Any) -> Any:
+        x = _raw(inputs)
+        if isinstance(x, Tensor):
+            # the safety net for attacks that reach the model without verify_input_bounds (DatasetAttack.feed)
+            for attack, _ in _attacks_on_stack(sys._getframe(1), first=True):
+                name = attack_name(attack)
+                if name is not None:
+                    check_supported(SUPPORT, TOOLKIT, name, self._kind(x))
+        if self._frozen:
+            out = super().__call__(inputs)
+        else:
+            # eval mode and frozen parameters for this forward (what attack_mode does for a whole attack): the
+            # graph Foolbox differentiates then reaches the input only, and the model's .grad stays untouched
+            training = [m for m in self._module_list if m.training]
+            trainable = [p for p in self._param_list if p.requires_grad]
+            for m in training:
+                m.training = False
+            for p in trainable:
+                p.requires_grad_(False)
+            try:
+                out = super().__call__(inputs)
+            finally:
+                for m in training:
+                    m.training = True
+                for p in trainable:
+                    p.requires_grad_(True)
+        if self._logits is not None and type(out) is ep.PyTorchTensor:
+            out = self._logits(out.raw)
+        return out
 
 
 def _check_labels(task: Task, labels: Any, name: str) -> Tensor:
@@ -168,6 +393,10 @@ class TargetedSegmentation(fb.criteria.TargetedMisclassification):
         return restore(ep.astensor(hit >= self.fraction))
 
 
+_MEDADV_CRITERIA = (MultiLabelMisclassification, TargetedMultiLabel, SegmentationMisclassification,
+                    TargetedSegmentation)
+
+
 def criterion(task: Task, y: Tensor, targeted: bool = False) -> fb.criteria.Criterion:
     """The Foolbox criterion matching a medadv task (its ``fooled`` test) for labels or targets ``y``."""
     if isinstance(task, MultiLabel):
@@ -188,7 +417,7 @@ class _TaskLoss:
             raise TypeError("the model must be a medadv.adapters.foolbox.TaskModel (it carries the task)")
 
         def loss_fn(inputs: ep.Tensor) -> ep.Tensor:
-            logits = model(inputs).raw
+            logits = _raw(model(inputs))
             return ep.astensor(task.loss(logits, task.to_target(labels.raw, logits)).sum())
 
         return loss_fn
@@ -196,14 +425,12 @@ class _TaskLoss:
     def __call__(self, model: Any, inputs: Any, criterion: Any, *, epsilons: Any, **kwargs: Any) -> Any:
         if not isinstance(model, TaskModel):
             raise TypeError(f"`model` must be a medadv.adapters.foolbox.TaskModel, got {type(model).__name__}")
-        x = _raw(inputs)
-        lo, hi = model.bounds
-        # Foolbox itself only asserts (bare AssertionError) on out-of-bounds inputs
-        if isinstance(x, Tensor) and (bool((x < lo).any()) or bool((x > hi).any())):
-            raise ValueError(f"`inputs` has values in [{float(x.min()):.6g}, {float(x.max()):.6g}], outside the "
-                             f"model bounds ({lo:.6g}, {hi:.6g})")
         with attack_mode(model.module), torch.enable_grad():
-            return super().__call__(model, inputs, criterion, epsilons=epsilons, **kwargs)  # type: ignore[misc]
+            model._frozen = True
+            try:
+                return super().__call__(model, inputs, criterion, epsilons=epsilons, **kwargs)  # type: ignore[misc]
+            finally:
+                model._frozen = False
 
 
 class LinfPGD(_TaskLoss, fb.attacks.LinfPGD):  # type: ignore[misc]  # _TaskLoss wraps Foolbox's @final __call__ on purpose

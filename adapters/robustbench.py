@@ -6,7 +6,8 @@ Its loader downloads from Google Drive when a checkpoint is missing. :func:`impo
 the two import shims; :func:`load_zoo_model` checks that the checkpoint file is where RobustBench looks
 (``model_dir/<dataset>/<threat_model>/<name>.pt``), says exactly which file to put where when it is not,
 and otherwise calls ``robustbench.utils.load_model`` unchanged. Checkpoints load with torch's default
-``weights_only=True`` (torch >= 2.6), so they must be plain state dicts (:func:`save_zoo_checkpoint`).
+``weights_only=True`` (torch >= 2.6), so they must be plain state dicts (:func:`save_zoo_checkpoint`); a
+corrupt file or one of another architecture is reported in a few lines naming the file.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from medadv.models.io import CheckpointError, mismatch_lines, parse_load_error, read_checkpoint
 from medadv.tasks import MultiClass
 
 __all__ = [
@@ -120,7 +122,9 @@ def load_zoo_model(name: str, model_dir: str | os.PathLike, dataset: str = "cifa
         threat_model: ``"Linf"``, ``"L2"``, ``"corruptions"`` or ``"corruptions_3d"``.
 
     Returns a :class:`ZooModel` (eval mode, ``MultiClass`` task, bounds ``(0, 1)``).
-    Raises ``FileNotFoundError`` naming the exact file and directory when a checkpoint is missing.
+    Raises ``FileNotFoundError`` naming the exact file and directory when a checkpoint is missing, and a short
+    :class:`~medadv.models.io.CheckpointError` naming the file when it is not a valid PyTorch checkpoint or
+    does not fit the architecture (the first missing / unexpected keys and their counts).
     """
     ds, tm, entry = _check_names(name, dataset, threat_model)
     import timm
@@ -141,9 +145,33 @@ def load_zoo_model(name: str, model_dir: str | os.PathLike, dataset: str = "cifa
     from robustbench.model_zoo.enums import BenchmarkDataset
     from robustbench.utils import DATASET_CLASSES, load_model
 
-    model = load_model(name, model_dir=str(model_dir), dataset=ds, threat_model=tm).eval()
+    try:
+        model = load_model(name, model_dir=str(model_dir), dataset=ds, threat_model=tm).eval()
+    except Exception as e:
+        raise _zoo_load_error(e, name, f"{ds.value}/{tm.value}", paths) from None
     return ZooModel(model=model, task=MultiClass(), bounds=(0.0, 1.0), name=name, dataset=ds.value,
                     threat_model=tm.value, num_classes=int(DATASET_CLASSES[BenchmarkDataset(ds.value)]))
+
+
+def _zoo_load_error(error: Exception, name: str, where: str, paths: list[Path]) -> Exception:
+    """A short error for a zoo checkpoint RobustBench could not load, or ``error`` itself when it is another failure.
+
+    torch's messages are not passed on: a wrong architecture names every key (21 000 characters), and a file
+    torch cannot unpickle comes with the advice to retry with ``weights_only=False``, which runs its code.
+    """
+    source = f"RobustBench checkpoint for {name!r} ({where})"
+    for path in paths:  # read again only now that loading failed: which file is not a valid checkpoint?
+        try:
+            read_checkpoint(path, where=source)
+        except CheckpointError as bad:
+            return bad
+    parsed = parse_load_error(str(error))
+    if parsed is None:
+        return error
+    files = ", ".join(str(p) for p in paths)
+    lines = mismatch_lines(f"{source}: {files} does not fit RobustBench's {name} architecture (strict loading); "
+                           "is it the checkpoint of another zoo model?", *parsed)
+    return CheckpointError("\n".join(lines))
 
 
 def build_zoo_architecture(name: str, dataset: str = "cifar10", threat_model: str = "Linf") -> nn.Module:

@@ -46,7 +46,7 @@ _EXPORTS: dict[str, str] = {
 _SUBMODULES = frozenset({
     "adapters", "attacks", "cli", "config", "data", "dct", "defenses", "demo", "evaluation", "explain",
     "frequency", "masking", "metrics", "models", "params", "report", "results", "runtime", "tasks", "testing",
-    "threats", "training",
+    "studies", "threats", "training", "distributed",
 })
 
 __all__ = [

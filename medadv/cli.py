@@ -1,4 +1,10 @@
-"""The ``medadv`` command line: ``demo``, ``evaluate CONFIG``, ``attacks``."""
+"""The ``medadv`` command line: ``demo``, ``evaluate CONFIG``, ``validate CONFIG``, ``attacks``.
+
+``medadv evaluate`` never overwrites results silently: an output folder holding results of the same
+config and data (the fingerprint of :func:`medadv.config.config_fingerprint`, kept in ``run.json``) is
+resumed; one holding results of another config or other data stops the run with a message, unless
+``--overwrite`` is given. Under ``torchrun`` every process evaluates its shard and rank 0 writes the outputs.
+"""
 
 from __future__ import annotations
 
@@ -31,45 +37,126 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+#: what ``medadv evaluate`` writes into its output folder (``--overwrite`` removes exactly these)
+OUTPUT_FILES = ("run.json", "results.json", "results.csv", "report.md", "robustness.png", "log.jsonl")
+OUTPUT_GLOBS = ("log.rank*.jsonl",)
+ADVERSARIAL_DIR = "adversarial"
+
+
+def _existing_outputs(out: Path) -> list[Path]:
+    found = [out / f for f in OUTPUT_FILES if (out / f).exists()]
+    found += sorted(p for g in OUTPUT_GLOBS for p in out.glob(g))
+    if (out / ADVERSARIAL_DIR).is_dir():
+        found.append(out / ADVERSARIAL_DIR)
+    return found
+
+
+def _check_output(out: Path, fingerprint: str, overwrite: bool) -> str:
+    """What to do with the output folder: ``"new"``, ``"resume"`` (results of the same fingerprint are
+    there) or ``"replace"`` (``--overwrite``); results of another config or data stop the run."""
+    import json
+
+    found = _existing_outputs(out)
+    if not found:
+        return "new"
+    if overwrite:
+        return "replace"
+    try:
+        before = json.loads((out / "run.json").read_text()).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        before = None
+    if before == fingerprint:
+        return "resume"
+    what = f"another config or other data (fingerprint {before}, this run {fingerprint})" if before else \
+        "an unknown run (no run.json)"
+    raise FileExistsError(f"output folder {out} holds results of {what}: pass --overwrite to replace them, or "
+                          "give another `output` (or --output)")
+
+
+def _prepare_output(out: Path, action: str, record: dict) -> None:
+    """Rank 0 only: empty the folder of medadv's outputs (``replace``), then write ``run.json`` atomically."""
+    import json
+    import os
+    import shutil
+
+    if action == "replace":
+        for p in _existing_outputs(out):
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".run.json.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, out / "run.json")
+
+
 def _cmd_evaluate(args: argparse.Namespace) -> int:
+    import datetime
+
     import torch
 
+    from . import distributed
     from .config import (
         build_attacks,
-        build_data,
+        build_loader,
         build_model,
         build_target_fn,
         build_task,
+        check_data,
+        check_model,
         check_targets,
+        config_fingerprint,
         load_config,
         model_name,
+        wrap_inference,
     )
     from .evaluation import evaluate
     from .report import write_report
 
     cfg = load_config(args.config)
     base = cfg["_dir"]
+    allow_code = bool(args.allow_code or cfg["allow_code"])
     task = build_task(cfg["task"])
     attacks = build_attacks(cfg, task)
-    target_fn = build_target_fn(cfg["target"], task)
-    check_targets(attacks, cfg["target"])  # before the model and the data: a config mistake costs nothing
-    model = build_model(cfg["model"], base)
-    x, y = build_data(cfg["data"], base)
-    bs = cfg["batch_size"]
-    batches = [(x[i : i + bs], y[i : i + bs]) for i in range(0, x.shape[0], bs)]
+    # config mistakes cost nothing: the target, the model's name and code, the data files and transforms are
+    # checked before any user code runs, any model is built or any image read
+    target_fn = build_target_fn(cfg["target"], task, allow_code=allow_code)
+    check_targets(attacks, cfg["target"])
+    check_model(cfg["model"], base, allow_code=allow_code)
+    check_data(cfg["data"], base, task)
     out = Path(args.output or cfg["output"])
     if not out.is_absolute() and not args.output:
         out = Path(base) / out
-    out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(cfg["seed"])
-    res = evaluate(model, task, batches, attacks, log=out / "log.jsonl", progress=not args.no_progress,
-                   target_fn=target_fn, hd95=cfg["hd95"], spacing=cfg["spacing"],
-                   meta={"config": str(Path(args.config).resolve()), "model": model_name(cfg["model"])})
-    res.to_json(out / "results.json")
-    res.to_csv(out / "results.csv")
-    report = write_report(res, out)
-    print(res.format_summary())
-    print(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}, {report}")
+    fingerprint = config_fingerprint(cfg)
+    distributed.init_from_env()  # torchrun: join the process group; alone: nothing
+    try:
+        action = _check_output(out, fingerprint, args.overwrite)  # every rank decides before rank 0 acts
+        torch.manual_seed(cfg["seed"])  # before the model is built: its random parts follow the config's seed
+        model = wrap_inference(build_model(cfg["model"], base, allow_code=allow_code), cfg["inference"])
+        model = model.to(distributed.device())
+        data = build_loader(cfg["data"], base, batch_size=cfg["batch_size"], task=task, seed=cfg["seed"])
+        # the output folder is touched only once the model and the data are ready: a failed start leaves it as is
+        distributed.barrier()
+        if distributed.is_main():
+            _prepare_output(out, action, {
+                "fingerprint": fingerprint, "config": str(Path(args.config).resolve()),
+                "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
+            if action == "resume":
+                print(f"resuming into {out} (results of the same config and data are there)", file=sys.stderr)
+        distributed.barrier()  # the folder is ready before any rank logs into it
+        settings = {k: v for k, v in cfg.items() if k != "_dir"}
+        res = evaluate(model, task, data, attacks, log=out / "log.jsonl", progress=not args.no_progress,
+                       target_fn=target_fn, hd95=cfg["hd95"], spacing=cfg["spacing"], seed=cfg["seed"],
+                       save_adversarial=out / ADVERSARIAL_DIR if cfg["save_adversarial"] else None,
+                       meta={"config": str(Path(args.config).resolve()), "model": model_name(cfg["model"]),
+                             "config_fingerprint": fingerprint, "settings": settings})
+        if distributed.is_main():
+            res.to_json(out / "results.json")
+            res.to_csv(out / "results.csv")
+            report = write_report(res, out)
+            print(res.format_summary())
+            print(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}, {report}")
+        distributed.barrier()
+    finally:
+        distributed.destroy()
     return 0
 
 
@@ -88,12 +175,13 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     )
 
     cfg = load_config(args.config)  # schema errors: all of them at once, then stop
+    allow_code = bool(args.allow_code or cfg["allow_code"])
     errors: list[str] = []
 
     def attempt(check: Callable[[], Any]) -> Any:
         try:
             return check()
-        except (ValueError, TypeError, FileNotFoundError) as e:
+        except (ValueError, TypeError, FileNotFoundError, FileExistsError) as e:
             errors.extend(str(e).splitlines())
             return None
 
@@ -101,11 +189,11 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     attacks: Any = None
     if task is not None:
         attacks = attempt(lambda: build_attacks(cfg, task))
-        attempt(lambda: check_target(cfg["target"], task))
+        attempt(lambda: check_target(cfg["target"], task, allow_code=allow_code))
         if attacks is not None:
             attempt(lambda: check_targets(attacks, cfg["target"]))
-    attempt(lambda: check_model(cfg["model"], cfg["_dir"]))
-    attempt(lambda: check_data(cfg["data"], cfg["_dir"]))
+    attempt(lambda: check_model(cfg["model"], cfg["_dir"], allow_code=allow_code))
+    attempt(lambda: check_data(cfg["data"], cfg["_dir"], task))
     if errors:
         raise ConfigError(errors)
     print(f"OK: {args.config}: {len(attacks)} attack runs ({', '.join(attacks)})")
@@ -163,6 +251,10 @@ def _cmd_attacks(args: argparse.Namespace) -> int:
     return 0
 
 
+_ALLOW_CODE_HELP = ("let the config run code: model builders and `target` functions outside medadv, MONAI and "
+                    "torchvision, and Python files outside the config's folder (same as `allow_code: true`)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="medadv", description="Adversarial robustness of medical imaging models.")
     p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
@@ -184,10 +276,15 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("config", help="YAML config (see medadv.config)")
     e.add_argument("--output", help="output directory (default: the config's `output`)")
     e.add_argument("--no-progress", action="store_true")
+    e.add_argument("--overwrite", action="store_true",
+                   help="replace results of another config or data in the output directory (default: stop; "
+                        "results of the same config and data are resumed)")
+    e.add_argument("--allow-code", action="store_true", help=_ALLOW_CODE_HELP)
     e.set_defaults(func=_cmd_evaluate)
     v = sub.add_parser("validate", parents=[common],
                        help="check a YAML config (schema, attacks, files) without running it")
     v.add_argument("config", help="YAML config (see medadv.config)")
+    v.add_argument("--allow-code", action="store_true", help=_ALLOW_CODE_HELP)
     v.set_defaults(func=_cmd_validate)
     a = sub.add_parser("attacks", parents=[common], help="list the registered attacks (and their parameters)")
     a.add_argument("--params", nargs="*", metavar="NAME",
@@ -204,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, TypeError, FileNotFoundError) as e:
+    except (ValueError, TypeError, FileNotFoundError, FileExistsError) as e:
         # a mistake in the config or the command line (InvalidParameterError and ConfigError are ValueErrors;
         # TypeError: an attack refusing a task or threat it does not apply to): the message, not a
         # traceback, unless asked for

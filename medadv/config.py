@@ -8,7 +8,7 @@ Example::
       checkpoint: unet.pt            # optional state_dict file (loaded with weights_only=True)
     task: {type: segmentation, num_classes: 4, include_background: false}
     data:
-      source: mni152                 # mni152 | synthetic | npz
+      source: mni152                 # mni152 | synthetic | npz | files | datalist | csv
       n: 8
       kwargs: {size: 32, split: test}
     threat: {norm: linf, bounds: [0.0, 1.0]}
@@ -40,10 +40,26 @@ Files are relative to the config's folder. ``checkpoint`` is a state dict, or a 
 mismatch lists the missing and unexpected keys). Without a checkpoint the weights are random, drawn
 with the config's ``seed`` (``model.seed`` to change it): the same every run, and a warning says so.
 
-**A config is code.** ``builder`` names a function that medadv calls, and a Python file named there
-runs when the model is built (``medadv validate`` only reads it). Builders that are not an ``nn.Module``
-class or a Python function returning one are refused (``builder: "os:system"`` is an error), but that
-is a guard against mistakes, not a sandbox: run only configs you would run as scripts.
+**A config can run code.** ``builder`` names a function that medadv calls, and a Python file named
+there runs when the model is built (``medadv validate`` only reads it); ``target`` may name a function
+too. ``medadv evaluate`` runs builders and target functions of medadv, MONAI and torchvision, and Python
+files inside the config's folder; anything else (``builder: "mypkg.nets:build"``, ``../nets/net.py:Net``,
+``builder: "os:system"``) only with ``--allow-code`` or ``allow_code: true`` in the config. Builders that
+are not an ``nn.Module`` class or a Python function returning one are refused as well, but these are
+guards against mistakes, not a sandbox: run only configs you would run as scripts.
+
+Data from files (:mod:`medadv.data.sources`) stream through MONAI transforms declared by class name, one
+batch at a time, each case named by its file (``case_id``)::
+
+    data: {source: files, images: "images/*.nii.gz", labels: "labels/*.nii.gz",
+           transforms: [{name: Spacingd, pixdim: [2, 2, 2]}]}       # NIfTI, DICOM folders, PNG, .npy
+    data: {source: datalist, path: dataset.json, key: validation}   # a MONAI / Decathlon datalist
+    data: {source: csv, path: labels.csv, image_column: image}      # multi-label: the other columns, 0/1
+
+``inference: {roi_size: 96, overlap: 0.5, sw_batch_size: 4, mode: gaussian}`` runs the model through
+MONAI sliding-window inference (:class:`medadv.models.sliding.SlidingWindow`), so attacks perturb whole
+volumes within a budget on the whole volume; HD95 then uses each case's voxel spacing from its header.
+``save_adversarial: true`` writes the adversarial examples into ``<output>/adversarial/``.
 
 Budgets and bounds are in the data's units. Every registered attack is built from its name with its
 defaults plus the parameters given (``medadv attacks --params NAME`` lists them); an unknown parameter
@@ -68,7 +84,7 @@ import importlib.util
 import os
 import sys
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -77,9 +93,14 @@ from torch import Tensor, nn
 
 from .attacks.base import Attack, attack_class, get_attack
 from .config_schema import (
+    FILE_SOURCES,
     AttackPlan,
     ConfigError,
+    CsvData,
+    DatalistData,
     DataSection,
+    FilesData,
+    InferenceSection,
     Mni152Data,
     ModelSection,
     MultiClassTask,
@@ -96,14 +117,53 @@ from .params import InvalidParameterError, closest
 from .tasks import MultiClass, MultiLabel, Segmentation, Task
 from .threats import L2, Box, Linf, Threat
 
-__all__ = ["ConfigError", "RandomWeightsWarning", "load_config", "build_model", "check_model", "model_name", "build_task", "build_data", "check_data",
-           "build_attacks", "build_target_fn", "check_target", "check_targets"]
+__all__ = ["ConfigError", "CodeNotAllowedError", "RandomWeightsWarning", "TRUSTED_PACKAGES", "load_config", "build_model",
+           "check_model", "model_name", "build_task", "build_data", "build_loader", "check_data", "data_identity",
+           "wrap_inference", "config_fingerprint", "build_attacks", "build_target_fn", "check_target",
+           "check_targets"]
+
+#: packages whose functions a config may name without ``allow_code``
+TRUSTED_PACKAGES = ("medadv", "monai", "torchvision")
 
 TargetFn = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 
 class RandomWeightsWarning(UserWarning):
     """The model of a config has no checkpoint: its (seeded) random weights are evaluated."""
+
+
+class CodeNotAllowedError(ConfigError):
+    """A config names code outside medadv/MONAI/torchvision or a Python file outside its folder, and the
+    user has not opted in (``--allow-code`` or ``allow_code: true``)."""
+
+
+_OPT_IN = ("pass --allow-code (or set `allow_code: true` in the config) if you trust it: a config that names "
+           "code runs it")
+
+
+def _trusted_module(spec: str) -> bool:
+    return spec.partition(":")[0].split(".")[0] in TRUSTED_PACKAGES
+
+
+def _inside(path: Path, base_dir: str | None) -> bool:
+    if not base_dir:
+        return False
+    try:
+        path.resolve().relative_to(Path(base_dir).resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def _allow_module(spec: str, where: str, allow_code: bool) -> None:
+    if not allow_code and not _trusted_module(spec):
+        raise CodeNotAllowedError([f"`{where}` {spec!r} is code outside {', '.join(TRUSTED_PACKAGES)}: {_OPT_IN}"])
+
+
+def _allow_file(path: Path, spec: str, where: str, base_dir: str | None, allow_code: bool) -> None:
+    if not allow_code and not _inside(path, base_dir):
+        raise CodeNotAllowedError([f"`{where}` {spec!r} is a Python file outside the config's folder "
+                                   f"({path.resolve()}): {_OPT_IN}"])
 
 
 def load_config(path: str | os.PathLike) -> dict[str, Any]:
@@ -182,13 +242,16 @@ def _file_spec(name: str) -> tuple[str, str] | None:
     return (left, right) if colon and left.endswith(".py") else None
 
 
-def _network(conf: ModelSection, base_dir: str | None, *, load: bool) -> Callable[[], nn.Module] | None:
+def _network(conf: ModelSection, base_dir: str | None, *, load: bool,
+             allow_code: bool = True) -> Callable[[], nn.Module] | None:
     """What builds the network (``None`` when ``load`` is false and only user code could tell more).
 
     Checked without building: the name resolves (with the closest valid one when it does not), the
-    keyword arguments are ones the network takes, nothing downloads weights, files exist. With ``load``
-    false no user module is imported and no user file is run: a Python file is read for its top-level
-    names only, a ``package.module:function`` builder is looked at only if its module is already imported.
+    keyword arguments are ones the network takes, nothing downloads weights, files exist, and code
+    outside medadv/MONAI/torchvision or a file outside the config's folder is named only with
+    ``allow_code``. With ``load`` false no user module is imported and no user file is run: a Python
+    file is read for its top-level names only, a ``package.module:function`` builder is looked at only
+    if its module is already imported.
     """
     from .models import loading
 
@@ -215,12 +278,14 @@ def _network(conf: ModelSection, base_dir: str | None, *, load: bool) -> Callabl
         kwargs = loading.no_download(fn, kwargs, "model.kwargs")
     elif (in_file := _file_spec(name)) is not None:
         path = _existing_file(in_file[0], base_dir, "model.builder", "a Python file")
+        _allow_file(path, name, "model.builder", base_dir, allow_code)
         if not load:
             loading.check_file(path, in_file[1], where)
             return None
         fn = loading.import_file(path, in_file[1], where)
     elif ":" in name:
         mod, attr = _module_exists(name, "model.builder")
+        _allow_module(name, "model.builder", allow_code)
         if not load and mod not in sys.modules:  # importing a user module runs its code: only find it
             return None
         fn = _import(name, "model.builder")
@@ -249,15 +314,16 @@ def model_name(spec: Mapping[str, Any]) -> str:
     return f"{kind}:{name}"
 
 
-def check_model(spec: Mapping[str, Any], base_dir: str | None = None) -> None:
+def check_model(spec: Mapping[str, Any], base_dir: str | None = None, *, allow_code: bool = True) -> None:
     """What :func:`build_model` would refuse, without building the model or running user code.
 
     The network's name resolves (MONAI/torchvision/medadv names with the closest valid one; a Python file
     exists and defines the name; an importable module exists), its keyword arguments are ones it takes,
-    nothing would download weights, and the checkpoint / TorchScript files exist.
+    nothing would download weights, the checkpoint / TorchScript files exist and, with ``allow_code``
+    false, no code outside medadv/MONAI/torchvision and no Python file outside the config's folder is named.
     """
     conf: ModelSection = validate_section(ModelSection, spec, ("model",))
-    _network(conf, base_dir, load=False)
+    _network(conf, base_dir, load=False, allow_code=allow_code)
     _checkpoint(conf, base_dir)
 
 
@@ -267,7 +333,8 @@ def _checkpoint(conf: ModelSection, base_dir: str | None) -> Path | None:
     return _existing_file(conf.checkpoint, base_dir, "model.checkpoint")
 
 
-def build_model(spec: Mapping[str, Any], base_dir: str | None = None, *, seed: int | None = None) -> nn.Module:
+def build_model(spec: Mapping[str, Any], base_dir: str | None = None, *, seed: int | None = None,
+                allow_code: bool = True) -> nn.Module:
     """The configured network in eval mode, with the checkpoint's weights when one is given.
 
     The network is built with torch's CPU random generator seeded with ``seed`` (else ``model.seed``, which
@@ -275,12 +342,17 @@ def build_model(spec: Mapping[str, Any], base_dir: str | None = None, *, seed: i
     its initial weights are the same every run and the caller's random state is untouched. Without a
     checkpoint those random weights are what is evaluated: a warning says so. The checkpoint is read with
     ``weights_only=True`` and loaded strictly (:func:`medadv.models.io.load_checkpoint`).
+
+    ``allow_code`` false (what ``medadv evaluate`` passes unless ``--allow-code`` or ``allow_code: true``)
+    refuses builders outside medadv, MONAI and torchvision and Python files outside ``base_dir``
+    (:class:`CodeNotAllowedError`) before anything runs. From Python it defaults to true: the caller is
+    running code already.
     """
     from .models.io import load_checkpoint
 
     conf: ModelSection = validate_section(ModelSection, spec, ("model",))
     path = _checkpoint(conf, base_dir)  # a missing file is found before any user code runs
-    make = _network(conf, base_dir, load=True)
+    make = _network(conf, base_dir, load=True, allow_code=allow_code)
     assert make is not None
     seed = seed if seed is not None else conf.seed if conf.seed is not None else 0
     with torch.random.fork_rng(devices=[]):
@@ -303,9 +375,19 @@ def build_task(spec: Mapping[str, Any]) -> Task:
     return cls(**kw)
 
 
+def _task_kind(task: Task | None) -> str | None:
+    for cls, kind in ((Segmentation, "segmentation"), (MultiLabel, "multilabel"), (MultiClass, "multiclass")):
+        if isinstance(task, cls):
+            return kind
+    return None
+
+
 def _data_loader(spec: Mapping[str, Any], base_dir: str | None) -> Callable[[], tuple[Tensor, Tensor]]:
-    """Check the ``data`` section (names, files, arrays present) and return what loads it."""
+    """Check a built-in ``data`` section (names, files, arrays present) and return what loads it."""
     conf: Mni152Data | SyntheticData | NpzData = validate_section(DataSection, spec, ("data",))
+    if isinstance(conf, FilesData | DatalistData | CsvData):
+        raise ConfigError([f"`data.source: {conf.source}` streams cases from files: use build_loader(), which "
+                           "returns a DataLoader of dict batches"])
     if isinstance(conf, NpzData):
         import numpy as np
 
@@ -353,13 +435,105 @@ def _data_loader(spec: Mapping[str, Any], base_dir: str | None) -> Callable[[], 
     return lambda: fn(n=n, **kw)
 
 
-def check_data(spec: Mapping[str, Any], base_dir: str | None = None) -> None:
-    """What :func:`build_data` would refuse, without loading the data."""
-    _data_loader(spec, base_dir)
+def _file_source(spec: Mapping[str, Any]) -> FilesData | DatalistData | CsvData | None:
+    conf = validate_section(DataSection, spec, ("data",))
+    return conf if conf.source in FILE_SOURCES else None
+
+
+def check_data(spec: Mapping[str, Any], base_dir: str | None = None, task: Task | None = None) -> None:
+    """What :func:`build_loader` would refuse, without reading an image or an array.
+
+    Built-in sources: the names, keyword arguments and files. File sources (``files``, ``datalist``,
+    ``csv``): the files exist, the labels fit ``task``, and the MONAI transforms resolve, take the
+    arguments given and name keys the cases have (:func:`medadv.data.sources.check_source`).
+    """
+    conf = _file_source(spec)
+    if conf is None:
+        _data_loader(spec, base_dir)
+        return
+    from .data.sources import check_source
+
+    check_source(conf, base_dir, _task_kind(task))
 
 
 def build_data(spec: Mapping[str, Any], base_dir: str | None = None) -> tuple[Tensor, Tensor]:
+    """The ``(x, y)`` tensors of a built-in source (``mni152``, ``synthetic``, ``npz``); for any source,
+    :func:`build_loader` streams batches."""
     return _data_loader(spec, base_dir)()
+
+
+def build_loader(spec: Mapping[str, Any], base_dir: str | None = None, *, batch_size: int = 8,
+                 task: Task | None = None, seed: int = 0) -> Iterable[Any]:
+    """The configured data as an iterable of batches, in a fixed order.
+
+    File sources stream MONAI-collated dict batches (``image``, ``label``, ``case_id``; see
+    :mod:`medadv.data.sources`) through a ``DataLoader``: only one batch is read at a time. Built-in
+    sources give ``(x, y)`` tensor batches.
+    """
+    conf = _file_source(spec)
+    if conf is not None:
+        from .data.sources import make_loader
+
+        return make_loader(conf, base_dir, batch_size=batch_size, task_kind=_task_kind(task), seed=seed)
+    x, y = build_data(spec, base_dir)
+    return [(x[i: i + batch_size], y[i: i + batch_size]) for i in range(0, x.shape[0], batch_size)]
+
+
+def data_identity(spec: Mapping[str, Any], base_dir: str | None = None) -> Any:
+    """What identifies the data beyond the config: ``[path, size, mtime_ns]`` of every file read (the
+    cases of a file source and their datalist/CSV, an ``.npz``); built-in sources are their settings."""
+    conf = _file_source(spec)
+    if conf is not None:
+        from .data.sources import data_identity as files_identity
+
+        return files_identity(conf, base_dir)
+    npz = validate_section(DataSection, spec, ("data",))
+    if isinstance(npz, NpzData):
+        path = _relative(npz.path, base_dir)
+        if path.is_file():
+            st = path.stat()
+            return [[str(path.resolve()), st.st_size, st.st_mtime_ns]]
+    return []
+
+
+def wrap_inference(model: nn.Module, spec: Mapping[str, Any] | None) -> nn.Module:
+    """``model`` behind MONAI sliding-window inference when the config has an ``inference`` section.
+
+    The wrapper (:class:`medadv.models.sliding.SlidingWindow`) takes whole volumes: attacks perturb the
+    whole volume, under a budget on the whole volume, and the gradient flows through every window.
+    """
+    if spec is None:
+        return model
+    from .models.sliding import SlidingWindow
+
+    conf: InferenceSection = validate_section(InferenceSection, spec, ("inference",))
+    return SlidingWindow(model, conf.roi_size, overlap=conf.overlap, mode=conf.mode,
+                         sw_batch_size=conf.sw_batch_size, checkpoint=conf.checkpoint)
+
+
+def _file_state(path: Path) -> list[Any]:
+    st = path.stat()
+    return [str(path.resolve()), st.st_size, st.st_mtime_ns]
+
+
+def config_fingerprint(cfg: Mapping[str, Any]) -> str:
+    """A short hash of a loaded config (:func:`load_config`) and of what it reads: every setting but
+    ``output``, the data's identity (:func:`data_identity`) and the size and modification time of the
+    model's files (checkpoint, TorchScript, Python builder). ``medadv evaluate`` resumes into an output
+    folder only when it holds results of the same fingerprint."""
+    from .params import stable_hash
+
+    base = cfg.get("_dir")
+    settings = {k: v for k, v in cfg.items() if k not in ("output", "_dir")}
+    files = []
+    model = cfg.get("model") or {}
+    named = [model.get("checkpoint"), model.get("torchscript")]
+    if isinstance(model.get("builder"), str) and (spec := _file_spec(model["builder"])) is not None:
+        named.append(spec[0])
+    for value in named:
+        if isinstance(value, str) and (path := _relative(value, base)).is_file():
+            files.append(_file_state(path))
+    return stable_hash({"config": settings, "data": data_identity(cfg["data"], base), "files": files})
 
 
 def _box(spec: ThreatSection) -> Box:
@@ -428,20 +602,23 @@ def _named(fn: TargetFn, name: str) -> TargetFn:
     return fn
 
 
-def build_target_fn(spec: str | None, task: Task) -> TargetFn | None:
+def build_target_fn(spec: str | None, task: Task, *, allow_code: bool = True) -> TargetFn | None:
     """``target_fn(x, y, clean_logits) -> target`` for targeted attacks, from the config's ``target``.
 
     * ``background``: class 0 everywhere (segmentation: an all-background map, DAG's type-A target;
       multi-class: class 0; multi-label: no label);
     * ``least_likely``: the clean prediction's least-likely class (per voxel for segmentation, the
       flipped prediction of every label for multi-label);
-    * ``package.module:function``: your own ``function(x, y, clean_logits) -> target``.
+    * ``package.module:function``: your own ``function(x, y, clean_logits) -> target`` (outside medadv,
+      MONAI and torchvision only with ``allow_code``).
     """
     if spec is None:
         return None
     if not isinstance(spec, str):
         raise ValueError(f"`target` must be background, least_likely or 'package.module:function', got {spec!r}")
     if ":" in spec:
+        _module_exists(spec, "target")
+        _allow_module(spec, "target", allow_code)
         return _import(spec, "target")
     kind = spec.lower()
     if kind == "background":
@@ -460,10 +637,11 @@ def build_target_fn(spec: str | None, task: Task) -> TargetFn | None:
 
 
 
-def check_target(spec: str | None, task: Task) -> None:
+def check_target(spec: str | None, task: Task, *, allow_code: bool = True) -> None:
     """What :func:`build_target_fn` would refuse, without importing a user module."""
     if isinstance(spec, str) and ":" in spec:
         _module_exists(spec, "target")
+        _allow_module(spec, "target", allow_code)
     else:
         build_target_fn(spec, task)
 

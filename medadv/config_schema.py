@@ -38,6 +38,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from .params import InvalidParameterError, closest
 
 __all__ = ["ConfigError", "Config", "AttackPlan", "AttackEntry", "ModelSection", "MODEL_KINDS", "TaskSection", "DataSection",
+           "DATA_SOURCES", "FILE_SOURCES", "TransformEntry", "FilesData", "DatalistData", "CsvData", "InferenceSection",
            "ThreatSection", "parse_budget", "validate_config", "validate_section", "format_errors"]
 
 
@@ -93,7 +94,8 @@ Number = Annotated[float, Strict()]  # ints are numbers too; strings are not
 
 TASK_TYPES = ("multiclass", "multilabel", "segmentation")
 MODEL_KINDS = ("builder", "monai", "torchvision", "torchscript")
-DATA_SOURCES = ("mni152", "synthetic", "npz")
+DATA_SOURCES = ("mni152", "synthetic", "npz", "files", "datalist", "csv")
+FILE_SOURCES = ("files", "datalist", "csv")  # read through MONAI transforms, streamed batch by batch
 
 
 # --- sections ------------------------------------------------------------------------------------------------------
@@ -220,6 +222,111 @@ class NpzData(_Section):
     n: Int | None = Field(None, ge=1)  # the first n cases; all when absent
 
 
+class TransformEntry(BaseModel):
+    """One MONAI dictionary transform by class name with its arguments: ``{name: Spacingd, pixdim: [2, 2, 2]}``
+    or a bare ``EnsureChannelFirstd``. The name is checked here (with the closest MONAI transform when it is
+    not one); the arguments are checked against the class's signature by :func:`medadv.config.check_data`."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_name(cls, data: Any) -> Any:
+        if isinstance(data, str):  # `- EnsureChannelFirstd` is `- {name: EnsureChannelFirstd}`
+            return {"name": data}
+        if isinstance(data, Mapping) and not data.get("name"):
+            raise PydanticCustomError("transform", "each entry of `transforms` needs the `name` of a MONAI "
+                                      "transform, e.g. {example}; got {given}",
+                                      {"given": _given(dict(data)), "example": "{name: Spacingd, pixdim: [1, 1, 1]}"})
+        return data
+
+    @model_validator(mode="after")
+    def _monai_name(self) -> TransformEntry:
+        from .data.sources import transform_name_error  # imports monai.transforms: only when one is named
+
+        problem = transform_name_error(self.name)
+        if problem:
+            raise PydanticCustomError("transform", "{problem}", {"problem": problem})
+        return self
+
+    def args(self) -> dict[str, Any]:
+        """The transform's keyword arguments (every key but ``name``)."""
+        return dict(self.model_extra or {})
+
+
+class _FileData(_Section):
+    """What the file sources share: MONAI ``transforms``, the first ``n`` cases, DataLoader workers."""
+
+    transforms: list[TransformEntry] | None = None
+    n: Int | None = Field(None, ge=1)  # the first n cases; all when absent
+    num_workers: Int = Field(0, ge=0)
+
+
+def _path_list(value: Any) -> Any:
+    items = value if isinstance(value, list) else [value]
+    if value is not None and (not items or any(not isinstance(v, str) or not v for v in items)):
+        raise PydanticCustomError("paths", "must be a path or a glob, or a non-empty list of them; got {given}",
+                                  {"given": _given(value)})
+    return value
+
+
+class FilesData(_FileData):
+    """Image files (and label maps): each a path or a glob, relative to the config's folder. NIfTI, DICOM
+    series folders, PNG/JPEG, NumPy; paired with ``labels`` by file name, else in sorted order."""
+
+    source: Literal["files"]
+    images: Annotated[str | list[str], BeforeValidator(_path_list)]
+    labels: Annotated[str | list[str] | None, BeforeValidator(_path_list)] = None
+
+
+class DatalistData(_FileData):
+    """A MONAI (Medical Segmentation Decathlon) datalist JSON: ``{"validation": [{"image": ..., "label": ...}]}``."""
+
+    source: Literal["datalist"]
+    path: str = Field(min_length=1)
+    key: str = Field("validation", min_length=1)
+    base_dir: str | None = Field(None, min_length=1)  # image paths are relative to it; default: the JSON's folder
+
+
+class CsvData(_FileData):
+    """A CSV of image paths (relative to the CSV's folder) and labels: ``label_columns`` hold 0/1 per label
+    (multi-label; default: every column but the image and id columns), or ``label_column`` one class index."""
+
+    source: Literal["csv"]
+    path: str = Field(min_length=1)
+    image_column: str = Field("image", min_length=1)
+    label_columns: Annotated[list[str], Field(min_length=1)] | None = None
+    label_column: str | None = Field(None, min_length=1)
+    id_column: str | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one_label_kind(self) -> CsvData:
+        if self.label_columns is not None and self.label_column is not None:
+            raise PydanticCustomError("one_of", "give `label_columns` (multi-label, 0/1 each) or `label_column` "
+                                      "(one class index), not both", {"options": ""})
+        return self
+
+
+def _roi_size(value: Any) -> Any:
+    items = value if isinstance(value, list) else [value]
+    if not 1 <= len(items) <= 3 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in items):
+        raise PydanticCustomError("roi", "must be an integer >= 1 or a list of them, one per spatial axis (voxels); "
+                                  "got {given}", {"given": _given(value)})
+    return value
+
+
+class InferenceSection(_Section):
+    """Whole volumes through MONAI sliding-window inference (:class:`medadv.models.sliding.SlidingWindow`):
+    the model sees ``roi_size`` windows, attacks and metrics see the whole volume."""
+
+    roi_size: Annotated[int | list[int], BeforeValidator(_roi_size)]
+    overlap: Number = Field(0.5, ge=0.0, lt=1.0)
+    sw_batch_size: Int = Field(4, ge=1)
+    mode: Annotated[str, _option(("gaussian", "constant"))] = "gaussian"
+    checkpoint: Bool = True  # recompute each window's activations in the backward pass (memory of one window)
+
+
 class ThreatSection(_Section):
     norm: Annotated[str, _option(("linf", "l2"))] = "linf"
     # required, but may be null (unbounded data)
@@ -298,7 +405,8 @@ TaskSection = Annotated[
 ]
 DataSection = Annotated[
     Annotated[Mni152Data, Tag("mni152")] | Annotated[SyntheticData, Tag("synthetic")]
-    | Annotated[NpzData, Tag("npz")],
+    | Annotated[NpzData, Tag("npz")] | Annotated[FilesData, Tag("files")]
+    | Annotated[DatalistData, Tag("datalist")] | Annotated[CsvData, Tag("csv")],
     _tag("source", "npz"),
     _normalise("source", DATA_SOURCES, {}),
 ]
@@ -336,6 +444,9 @@ class Config(_Section):
     seed: Int = 0
     hd95: Bool = False
     spacing: Number | Annotated[list[Number], Field(min_length=1)] | None = None  # voxel spacing for HD95
+    inference: InferenceSection | None = None  # sliding-window inference over whole volumes
+    save_adversarial: Bool = False  # write the adversarial examples with the input's geometry
+    allow_code: Bool = False  # let builders outside medadv/MONAI/torchvision and files elsewhere run
 
     budget_list = AttackPlan.budget_list
 
@@ -378,6 +489,8 @@ def _message(err: Mapping[str, Any], where: str) -> str | None:
     if kind == "option":
         field = f"{where}.{ctx['field']}" if where and ctx.get("field") else where or ctx.get("field", "")
         return f"`{field}` must be one of {ctx['listed']}; got {ctx['given']}{ctx['hint']}"
+    if kind == "transform":
+        return f"{subject}: {err['msg']}"
     if kind == "attack_name":
         return err["msg"] + (f" (in `{where}`)" if where else "")
     if kind == "missing":

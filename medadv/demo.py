@@ -101,7 +101,8 @@ def run_demo(cfg: DemoConfig | None = None, *, cache: Path | None = None, retrai
     echo(f"attacking {cfg.n_test} held-out crops (right hemisphere, {cfg.patch}^3 voxels at {cfg.spacing_mm} mm)")
     results = evaluate(model, task, (x, y), attacks, progress=progress, meta={"demo": "mni152-tissue"})
     echo(format_dice_table(results))
-    return {"results": results, "model": model}
+    # the data, task and attacks come back too, so `medadv demo --output` can draw cases in report.html
+    return {"results": results, "model": model, "task": task, "x": x, "y": y, "attacks": attacks}
 
 
 def format_dice_table(results: Results) -> str:

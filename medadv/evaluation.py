@@ -1,18 +1,30 @@
-"""Run models x attacks x budgets over data and collect a tidy :class:`~medadv.results.Results` table."""
+"""Run models x attacks x budgets over data and collect a tidy :class:`~medadv.results.Results` table.
+
+Data come as ``(x, y)`` tensor pairs or as MONAI dictionary batches (``{"image", "label", "case_id", ...}``);
+rows carry each case's identifier, HD95 reads each case's voxel spacing from its image header, adversarial
+examples can be written as NIfTI/PNG files and re-predicted, and the work can be sharded over the
+processes of a ``torch.distributed`` run (:mod:`medadv.distributed`).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import sys
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from . import distributed as dist
 from .attacks.base import Attack, AttackDetails, attack_mode, check_input, model_device
 from .params import object_settings, stable_hash
-from .results import DETAIL_PREFIX, Results
+from .results import DETAIL_PREFIX, METRIC_COLUMNS, Results
 from .runtime import forward_tensor
 from .tasks import MultiClass, MultiLabel, Segmentation, Task
 
@@ -41,9 +53,10 @@ def _named_attacks(attacks: Attack | Sequence[Attack] | Mapping[str, Attack]) ->
     return items
 
 
-def _sample_hashes(x: Tensor, y: Tensor) -> list[str]:
-    """A short content hash per sample of ``(x, y)`` (dtype, shape and bytes): a resumed run reuses a row only
-    if its sample is the same data, not merely the same position in the iteration order."""
+def _sample_hashes(x: Tensor, y: Tensor, extras: Sequence[bytes] | None = None) -> list[str]:
+    """A short content hash per sample of ``(x, y)`` (dtype, shape and bytes), plus ``extras[i]`` (a dictionary
+    batch's case identifier and affine): a resumed run reuses a row only if its sample is the same data, not
+    merely the same position in the iteration order."""
     xs, ys = x.detach().cpu().contiguous(), y.detach().cpu().contiguous()
     out = []
     for i in range(xs.shape[0]):
@@ -52,6 +65,8 @@ def _sample_hashes(x: Tensor, y: Tensor) -> list[str]:
             t = t.float() if t.dtype == torch.bfloat16 else t
             h.update(f"{t.dtype}{tuple(t.shape)}".encode())
             h.update(t.numpy().tobytes())
+        if extras is not None:
+            h.update(extras[i])
         out.append(h.hexdigest()[:16])
     return out
 
@@ -68,16 +83,23 @@ def _weights_hash(model: nn.Module) -> str:
 
 
 def _fingerprint(weights: str, task: Task, attack: Attack, hd95: bool, spacing: Any,
-                 target_fn: TargetFn | None) -> str:
+                 target_fn: TargetFn | None, *, seed: int | None = None, save: bool = False) -> str:
     """A short hash of what a row depends on: the model's weights, the task that reads its output, the
     attack's declared parameters with its task and threat or box (``attack.fingerprint()``), the HD95
-    options and, for targeted attacks, the name of the target function."""
+    options, for targeted attacks the name of the target function, and (when given) the per-batch seed
+    and whether adversarial examples are saved (the ``saved_*`` columns)."""
     target = None
     if target_fn is not None and _targeted(attack):
         target = f"{getattr(target_fn, '__module__', '')}.{getattr(target_fn, '__qualname__', repr(target_fn))}"
     spacing = list(spacing) if isinstance(spacing, Sequence) and not isinstance(spacing, str) else spacing
-    return stable_hash({"model": weights, "task": object_settings(task), "attack": attack.fingerprint(),
-                        "hd95": bool(hd95), "spacing": spacing, "target_fn": target})
+    settings: dict[str, Any] = {"model": weights, "task": object_settings(task), "attack": attack.fingerprint(),
+                                "hd95": bool(hd95), "spacing": spacing, "target_fn": target}
+    # only when set: the rows of earlier releases (no seed, nothing saved) keep their fingerprint
+    if seed is not None:
+        settings["seed"] = int(seed)
+    if save:
+        settings["save_adversarial"] = True
+    return stable_hash(settings)
 
 
 def _targeted(attack: Attack) -> bool:
@@ -116,16 +138,241 @@ def detail_rows(details: AttackDetails | None, n: int, prefix: str = DETAIL_PREF
     return rows
 
 
-def _batches(data: Any) -> Iterable[tuple[Tensor, Tensor]]:
-    if isinstance(data, tuple | list) and len(data) == 2 and isinstance(data[0], Tensor):
-        yield data[0], data[1]
+# --- data: batches, shards, dictionary batches ------------------------------------------------------------------
+_PAIR_ERROR = ("`data` must be an (x, y) tensor pair, an iterable of (x, y) batches, or an iterable of dictionary "
+               "batches (MONAI: {{'{image}': ..., '{label}': ...}})")
+
+
+def _is_meta_tensor(t: Any) -> bool:
+    mt = sys.modules.get("monai.data.meta_tensor")  # not imported: nothing can be a MetaTensor
+    return mt is not None and isinstance(t, mt.MetaTensor)
+
+
+def _plain_tensor(t: Any) -> Any:
+    """A MetaTensor as a plain tensor (its metadata would be carried through every attack step)."""
+    return t.as_tensor() if _is_meta_tensor(t) else t
+
+
+def _is_single_batch(data: Any, image_key: str) -> bool:
+    return (isinstance(data, tuple | list) and len(data) == 2 and isinstance(data[0], Tensor)) or \
+        (isinstance(data, Mapping) and image_key in data)
+
+
+def _batch_size(batch: Any, image_key: str, label_key: str) -> int:
+    if isinstance(batch, Mapping):
+        if image_key not in batch:
+            raise TypeError(f"a dictionary batch has no {image_key!r} (keys: {', '.join(map(repr, batch))}); "
+                            "give `image_key`/`label_key` to name the input and label keys")
+        x = batch[image_key]
+    elif isinstance(batch, tuple | list) and len(batch) >= 2:
+        x = batch[0]
+    else:
+        raise TypeError(_PAIR_ERROR.format(image=image_key, label=label_key))
+    if not isinstance(x, Tensor) or x.ndim == 0:
+        raise TypeError(f"the input of a batch must be an (N, C, *spatial) tensor, got {type(x).__name__}")
+    return int(x.shape[0])
+
+
+class _Source:
+    """The batches of ``data`` this process attacks: ``(batch index, number of its first sample, batch)``.
+
+    Not sharded: every batch, in order. Sharded (``shard`` given), batch ``b`` belongs to rank
+    ``b % world_size``; sample numbers stay those of the whole data. A DataLoader with a deterministic
+    sampler (or an object iterating one, held as ``.loader``) is rebuilt over this rank's batches only (no
+    other rank's data is loaded); a list of batches is indexed; any other iterable is read in full and the
+    other ranks' batches skipped.
+    """
+
+    def __init__(self, data: Any, shard: dist.Shard | None, image_key: str, label_key: str) -> None:
+        self.data, self.shard, self.keys = data, shard, (image_key, label_key)
+        self.total: int | None = None  # batches this process will see, when known
+        self._plan: list[tuple[int, int]] | None = None  # (index, offset) of the own batches
+        self._loader: Any = None
+        owns = shard.owns if shard is not None else (lambda b: True)
+        if _is_single_batch(data, image_key):
+            self.total = int(owns(0))
+            return
+        loader = self._sharded_loader(data, shard)
+        if loader is not None:
+            self._loader = loader
+            self.total = len(self._plan or [])
+            return
+        if shard is not None and isinstance(data, list | tuple):
+            sizes = [_batch_size(b, *self.keys) for b in data]
+            offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+            self._plan = [(i, offsets[i]) for i in range(len(data)) if owns(i)]
+            self.total = len(self._plan)
+            return
+        try:
+            n = len(data)
+        except TypeError:
+            return
+        self.total = sum(1 for b in range(n) if owns(b))
+
+    def _sharded_loader(self, data: Any, shard: dist.Shard | None) -> Any:
+        from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler
+
+        if shard is not None and not isinstance(data, DataLoader) and isinstance(getattr(data, "loader", None),
+                                                                                  DataLoader):
+            data = data.loader  # a wrapper that iterates its DataLoader (medadv.data.sources)
+        if shard is None or not isinstance(data, DataLoader) or data.batch_sampler is None \
+                or isinstance(data.dataset, IterableDataset):
+            return None
+        if isinstance(data.sampler, RandomSampler | DistributedSampler):
+            raise ValueError("a sharded evaluate() needs a DataLoader in a fixed order (shuffle=False, no "
+                             f"{type(data.sampler).__name__}): it splits the batches over the processes itself, "
+                             "and a resumed run finds samples by their position")
+        batches = [list(b) for b in data.batch_sampler]
+        offsets = [0]
+        for b in batches:
+            offsets.append(offsets[-1] + len(b))
+        mine = [i for i in range(len(batches)) if shard.owns(i)]
+        self._plan = [(i, offsets[i]) for i in mine]
+        kw: dict[str, Any] = {"num_workers": data.num_workers, "collate_fn": data.collate_fn,
+                              "pin_memory": data.pin_memory, "timeout": data.timeout,
+                              "worker_init_fn": data.worker_init_fn, "generator": data.generator,
+                              "multiprocessing_context": data.multiprocessing_context}
+        if data.num_workers > 0:
+            kw.update(prefetch_factor=data.prefetch_factor, persistent_workers=data.persistent_workers)
+        return DataLoader(data.dataset, batch_sampler=[batches[i] for i in mine], **kw)
+
+    def __iter__(self) -> Iterator[tuple[int, int, Any]]:
+        owns = self.shard.owns if self.shard is not None else (lambda b: True)
+        if _is_single_batch(self.data, self.keys[0]):
+            if owns(0):
+                yield 0, 0, self.data
+            return
+        if self._loader is not None:
+            assert self._plan is not None
+            for (b, offset), batch in zip(self._plan, self._loader, strict=True):
+                yield b, offset, batch
+            return
+        if self._plan is not None:
+            for b, offset in self._plan:
+                yield b, offset, self.data[b]
+            return
+        offset = 0
+        for b, batch in enumerate(self.data):
+            n = _batch_size(batch, *self.keys)
+            if owns(b):
+                yield b, offset, batch
+            offset += n
+
+
+@dataclass
+class _Batch:
+    """One batch as evaluate() uses it: plain tensors, plus what a dictionary batch tells about its cases."""
+
+    x: Tensor
+    y: Tensor
+    case_ids: list[str] | None = None  # from the batch's "case_id"
+    affine: Tensor | None = None  # (N, 4, 4) float64 on the CPU, from the image MetaTensor
+    meta: Mapping[str, Any] | None = None  # the image's (collated) metadata
+    width_first: bool = False  # MONAI's array layout (a 2-D image read by LoadImage is (C, W, H))
+
+    def spacing(self) -> list[list[float]] | None:
+        """Per-case voxel spacing (mm per spatial axis): the column norms of each affine's spatial block."""
+        if self.affine is None:
+            return None
+        d = self.x.ndim - 2
+        block = self.affine[:, :d, :d]
+        return block.norm(dim=1).tolist()
+
+    def extras(self) -> list[bytes] | None:
+        """What the sample hash adds for a dictionary batch: the case identifier and the affine."""
+        if self.case_ids is None and self.affine is None:
+            return None
+        out = []
+        for i in range(self.x.shape[0]):
+            cid = self.case_ids[i].encode() if self.case_ids is not None else b""
+            aff = self.affine[i].numpy().tobytes() if self.affine is not None else b""
+            out.append(cid + b"\0" + aff)
+        return out
+
+
+def _case_ids(value: Any, n: int) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    elif isinstance(value, Tensor):
+        value = value.reshape(-1).tolist()
+    if not isinstance(value, list | tuple) or len(value) != n:
+        raise ValueError(f"`case_id` of a batch must hold one identifier per sample ({n}), got {value!r}")
+    return [str(v) for v in value]
+
+
+def _affines(x: Any, n: int) -> Tensor | None:
+    meta = getattr(x, "meta", None) if _is_meta_tensor(x) else None
+    aff = meta.get("affine") if isinstance(meta, Mapping) else None
+    if not isinstance(aff, Tensor) or aff.shape[-2:] != (4, 4):
+        return None
+    aff = aff.detach().to("cpu", torch.float64)
+    if aff.ndim == 2:
+        aff = aff.expand(n, 4, 4)
+    return aff.contiguous() if aff.shape[0] == n else None
+
+
+def _labels(task: Task, x: Tensor, y: Any) -> Any:
+    """Labels as the task reads them: a MONAI label map ``(N, 1, *spatial)`` (float, as LoadImaged reads it)
+    becomes ``(N, *spatial)`` class indices; class-index columns ``(N, 1)`` become ``(N,)``."""
+    if isinstance(y, list | tuple) and y and all(isinstance(v, int | float | bool) for v in y):
+        y = torch.as_tensor(y)
+    y = _plain_tensor(y)
+    if not isinstance(y, Tensor):
+        return y
+    if isinstance(task, Segmentation | MultiClass):
+        if y.ndim == (x.ndim if isinstance(task, Segmentation) else 2) and y.ndim >= 2 and y.shape[1] == 1:
+            y = y[:, 0]
+        if y.is_floating_point():
+            if y.numel() and not bool((y == y.round()).all()):
+                raise ValueError(f"`y` of a {type(task).__name__} batch must hold class indices; got non-integer "
+                                 "values (interpolated labels? resample label maps with mode='nearest')")
+            y = y.long()
+    return y
+
+
+def _parse(batch: Any, task: Task, image_key: str, label_key: str) -> _Batch:
+    if isinstance(batch, Mapping):
+        _batch_size(batch, image_key, label_key)  # the input key exists
+        if label_key not in batch:
+            raise TypeError(f"a dictionary batch has no label {label_key!r} (keys: {', '.join(map(repr, batch))}); "
+                            "give `label_key` to name it")
+        raw_x = batch[image_key]
+        n = int(raw_x.shape[0])
+        x = _plain_tensor(raw_x)
+        ids = _case_ids(batch["case_id"], n) if batch.get("case_id") is not None else None
+        meta = raw_x.meta if _is_meta_tensor(raw_x) else None
+        return _Batch(x, _labels(task, x, batch[label_key]), ids, _affines(raw_x, n), meta, meta is not None)
+    if not (isinstance(batch, tuple | list) and len(batch) >= 2):
+        raise TypeError(_PAIR_ERROR.format(image=image_key, label=label_key))
+    raw_x = batch[0]
+    x = _plain_tensor(raw_x)
+    if not isinstance(x, Tensor):
+        raise TypeError(_PAIR_ERROR.format(image=image_key, label=label_key))
+    meta = raw_x.meta if _is_meta_tensor(raw_x) else None
+    return _Batch(x, _labels(task, x, batch[1]), None, _affines(raw_x, x.shape[0]), meta, meta is not None)
+
+
+# --- per-batch randomness -----------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _seeded(seed: int | None, key: str, device: torch.device) -> Iterator[None]:
+    """With a ``seed``, run the block on torch's global RNG seeded from ``(seed, key)`` inside a fork (the
+    caller's RNG state is restored after): each (batch, attack) then draws the same random numbers whichever
+    batches ran before it, in this process or another."""
+    if seed is None:
+        yield
         return
-    for item in data:
-        if not (isinstance(item, tuple | list) and len(item) >= 2):
-            raise TypeError("`data` must be an (x, y) tensor pair or an iterable of (x, y) batches")
-        yield item[0], item[1]
+    value = int(hashlib.sha256(f"{int(seed)}:{key}".encode()).hexdigest()[:15], 16)
+    cuda = device.type == "cuda"
+    index = (device.index if device.index is not None else torch.cuda.current_device()) if cuda else None
+    with torch.random.fork_rng(devices=[index] if index is not None else []):
+        torch.default_generator.manual_seed(value)
+        if index is not None:
+            with torch.cuda.device(index):
+                torch.cuda.manual_seed(value)
+        yield
 
 
+# --- per-sample metric columns --------------------------------------------------------------------------------------
 def _f(t: Tensor) -> list:
     return [None if v != v else v for v in t.detach().double().cpu().tolist()]  # NaN -> None (JSON)
 
@@ -136,46 +383,57 @@ def sample_rows(
     clean_logits: Tensor,
     adv_logits: Tensor,
     *,
-    spacing: float | Sequence[float] | None = None,
+    spacing: float | Sequence[float] | Sequence[Sequence[float]] | None = None,
     hd95: bool = False,
 ) -> list[dict[str, Any]]:
-    """Per-sample metric columns (clean and adversarial) for one batch."""
+    """Per-sample metric columns (clean and adversarial) for one batch.
+
+    Every task gets ``changed`` (the adversarial prediction differs from the clean one) and ``flipped``
+    (the task's untargeted "wrong" test against ``y`` is false on the clean output and true on the
+    adversarial one: right before the attack, wrong after), then its own ``clean_*``/``adv_*`` metrics.
+    ``spacing``: one spacing for the batch, or one per sample (HD95 in the units of the spacing).
+    """
     # one device-to-host copy per tensor, then plain indexing (not one sync per sample and column)
     y, clean_logits, adv_logits = y.detach().cpu(), clean_logits.detach().cpu(), adv_logits.detach().cpu()
     n = y.shape[0]
     cp, ap = task.predict(clean_logits), task.predict(adv_logits)
-    rows: list[dict[str, Any]] = [{} for _ in range(n)]
+    if isinstance(task, Segmentation):
+        changed_fraction = task.reduce((cp != ap).float(), y)
+        changed = (changed_fraction > 0).tolist()
+    else:
+        changed = (cp != ap).reshape(n, -1).any(dim=1).tolist()
+    flipped = ((~task.fooled(clean_logits, y)) & task.fooled(adv_logits, y)).tolist()
+    rows: list[dict[str, Any]] = [{"changed": bool(changed[i]), "flipped": bool(flipped[i])} for i in range(n)]
     if isinstance(task, MultiClass):
         for i in range(n):
             rows[i].update(label=int(y[i]), clean_pred=int(cp[i]), adv_pred=int(ap[i]),
-                           clean_correct=bool(cp[i] == y[i]), adv_correct=bool(ap[i] == y[i]),
-                           changed=bool(cp[i] != ap[i]))
+                           clean_correct=bool(cp[i] == y[i]), adv_correct=bool(ap[i] == y[i]))
     elif isinstance(task, MultiLabel):
         cs, as_ = clean_logits.sigmoid(), adv_logits.sigmoid()
         flips = (cp != ap).float().mean(dim=1)
-        cacc = (cp == y).float().mean(dim=1)
-        aacc = (ap == y).float().mean(dim=1)
+        yy = y.to(cp.dtype)
+        cacc = (cp == yy).float().mean(dim=1)
+        aacc = (ap == yy).float().mean(dim=1)
         for i in range(n):
             rows[i].update(label=_f(y[i]), clean_pred=_f(cp[i]), adv_pred=_f(ap[i]),
                            clean_scores=_f(cs[i]), adv_scores=_f(as_[i]),
                            clean_label_accuracy=float(cacc[i]), adv_label_accuracy=float(aacc[i]),
                            clean_exact_match=bool(cacc[i] == 1), adv_exact_match=bool(aacc[i] == 1),
-                           flip_rate=float(flips[i]), changed=bool(flips[i] > 0))
+                           flip_rate=float(flips[i]))
     elif isinstance(task, Segmentation):
         cm, am = task.metrics(clean_logits, y), task.metrics(adv_logits, y)
-        changed = task.reduce((cp != ap).float(), y)
         if hd95:
             from .metrics.segmentation import hd95_per_class
 
             mask = task.valid_mask(y)
-            chd = hd95_per_class(cp, y, task.num_classes, spacing, mask=mask)
-            ahd = hd95_per_class(ap, y, task.num_classes, spacing, mask=mask)
+            chd = hd95_per_class(cp, y, task.num_classes, spacing, mask=mask)  # type: ignore[arg-type]
+            ahd = hd95_per_class(ap, y, task.num_classes, spacing, mask=mask)  # type: ignore[arg-type]
         for i in range(n):
             rows[i].update(clean_dice=_f(cm["dice"][i]), adv_dice=_f(am["dice"][i]),
                            clean_mean_dice=float(cm["mean_dice"][i]), adv_mean_dice=float(am["mean_dice"][i]),
                            clean_pixel_accuracy=float(cm["pixel_accuracy"][i]),
                            adv_pixel_accuracy=float(am["pixel_accuracy"][i]),
-                           changed_fraction=float(changed[i]))
+                           changed_fraction=float(changed_fraction[i]))
             if hd95:
                 rows[i].update(clean_hd95=_f(chd[i]), adv_hd95=_f(ahd[i]))
     else:  # a user-defined task: report its own metrics
@@ -184,6 +442,66 @@ def sample_rows(
             for k in cm:
                 rows[i][f"clean_{k}"] = _f(cm[k][i].reshape(-1)) if cm[k][i].numel() > 1 else float(cm[k][i])
                 rows[i][f"adv_{k}"] = _f(am[k][i].reshape(-1)) if am[k][i].numel() > 1 else float(am[k][i])
+    return rows
+
+
+# --- saved adversarial examples ---------------------------------------------------------------------------------------
+def _attack_folders(named: list[tuple[str, Attack]]) -> dict[tuple[str, Any], str]:
+    """The sub-folder of each (name, budget): the attack's name, with the budget when a name repeats."""
+    from .data.save import safe_name
+
+    counts: dict[str, int] = {}
+    for name, _ in named:
+        counts[name] = counts.get(name, 0) + 1
+    out = {}
+    for name, atk in named:
+        label = name if counts[name] == 1 else f"{name}@{atk.budget:.6g}" if atk.budget is not None else name
+        out[(name, atk.budget)] = safe_name(label)
+    return out
+
+
+def _saved_columns(model: nn.Module, task: Task, atk: Attack, folder: Path, sub: str, ids: list[int],
+                   batch: _Batch, x_d: Tensor, clean_logits: Tensor, y_d: Tensor, res: Any) -> list[dict[str, Any]]:
+    """Write each adversarial example, read it back, re-predict it: the ``saved_*`` columns of the batch."""
+    from .data.save import case_stem, load_example, original_dtype, save_example
+
+    n = x_d.shape[0]
+    x_adv = res.x_adv.detach()
+    paths, loaded = [], []
+    for i in range(n):
+        name = f"{ids[i]:04d}" + (f"_{case_stem(batch.case_ids[i])}" if batch.case_ids is not None else "")
+        path = save_example(x_adv[i], folder / sub / name, box=atk.box,
+                            affine=batch.affine[i] if batch.affine is not None else None,
+                            dtype=original_dtype(batch.meta, i), width_first=batch.width_first)
+        paths.append(path.relative_to(folder).as_posix())
+        loaded.append(load_example(path, box=atk.box, like=x_adv[i], width_first=batch.width_first))
+    x_q = torch.stack(loaded)
+    with attack_mode(model), torch.no_grad():
+        logits_q = forward_tensor(model, x_q)
+    fooled = atk.task.fooled(logits_q, res.y, atk.targeted)
+    still = fooled & res.fooled.to(fooled.device)
+    cp, qp = task.predict(clean_logits), task.predict(logits_q)
+    if isinstance(task, Segmentation):
+        changed = task.reduce((cp != qp).float(), y_d) > 0
+    else:
+        changed = (cp != qp).reshape(n, -1).any(dim=1)
+    linf = (x_q - x_d).reshape(n, -1).abs().amax(dim=1)
+    metric_col, metric = None, None
+    try:
+        metric = task.robust_metric(logits_q, y_d)
+        metric_col = "saved_adv_" + METRIC_COLUMNS.get(task.robust_metric_name, task.robust_metric_name)
+    except NotImplementedError:
+        pass
+    as_bool = isinstance(task, MultiClass | MultiLabel)
+    f_, s_, c_, l_ = (t.cpu().tolist() for t in (fooled, still, changed, linf))
+    m_ = metric.cpu().tolist() if metric is not None else None
+    rows = []
+    for i in range(n):
+        row: dict[str, Any] = {"saved_file": paths[i], "saved_fooled": bool(f_[i]), "saved_still_fooled": bool(s_[i]),
+                               "saved_changed": bool(c_[i]), "saved_linf": float(l_[i])}
+        if metric_col is not None and m_ is not None:
+            row[metric_col] = bool(m_[i] == 1) if as_bool else _plain(float(m_[i]))
+        rows.append(row)
     return rows
 
 
@@ -199,36 +517,79 @@ def evaluate(
     spacing: float | Sequence[float] | None = None,
     progress: bool = False,
     meta: dict[str, Any] | None = None,
+    image_key: str = "image",
+    label_key: str = "label",
+    save_adversarial: str | os.PathLike | None = None,
+    seed: int | None = None,
+    distributed: bool | None = None,
 ) -> Results:
     """Attack every batch of ``data`` with every attack and tabulate clean vs adversarial metrics.
 
     Args:
         model: the model under test (its mode and parameters are left as they were).
         task: how to read its output.
-        data: an ``(x, y)`` tensor pair or an iterable of ``(x, y)`` batches (e.g. a DataLoader).
-            Samples are numbered in iteration order, so a resumed run must see the same order.
+        data: an ``(x, y)`` tensor pair, an iterable of ``(x, y)`` batches (e.g. a DataLoader), or an
+            iterable of dictionary batches as MONAI's DataLoader collates them: ``batch[image_key]`` the
+            input ``(N, C, *spatial)`` (a MetaTensor: its affine gives each case's voxel spacing and the
+            geometry of saved files), ``batch[label_key]`` the labels (class indices ``(N,)``, float
+            multi-hot ``(N, L)``, or a label map ``(N, *spatial)``; ``(N, 1, *spatial)`` float maps as
+            ``LoadImaged`` reads them are accepted), ``batch["case_id"]`` (optional) one identifier per
+            sample. Samples are numbered in iteration order, so a resumed run must see the same order.
         attacks: one attack, a list (named by ``attack.name``) or a ``{name: attack}`` mapping; the
             budget column is each attack's ``budget`` (its ε in data units, None for attacks without an
             ε-ball, which run once).
         log: JSON Lines file to which rows are appended batch by batch. Rows already in it are kept
             and their (sample, attack, budget) is not recomputed: a crashed run resumes where it stopped.
-            A row counts only if its ``data`` hash (the sample's input and label bytes) and its ``config``
-            fingerprint match this call: the model's weights, the
-            task, ``attack.fingerprint()`` (every declared parameter of the attack, its task and its
-            threat or data box), ``hd95``, ``spacing`` and, for targeted attacks, the target function's
-            name. Rows of other settings or of attacks not requested are ignored.
+            A row counts only if its ``data`` hash (the sample's input and label bytes, with a dictionary
+            batch's case identifier and affine) and its ``config`` fingerprint match this call: the
+            model's weights, the task, ``attack.fingerprint()`` (every declared parameter of the attack, its
+            task and its threat or data box), ``hd95``, ``spacing``, for targeted attacks the target
+            function's name, and ``seed`` and ``save_adversarial`` when given. Rows of other settings or of
+            attacks not requested are ignored. The per-rank logs of a distributed run
+            (``log.rank{r}.jsonl`` beside it) are read too, whatever the number of processes that wrote them.
         target_fn: for targeted attacks (``targeted=True`` or targeted by nature, like DAG),
             ``target_fn(x, y, clean_logits) -> target``; required when any attack is targeted.
         hd95: also compute per-class HD95 for segmentation (slower, SciPy distance transforms).
-        spacing: voxel spacing for HD95 (mm), scalar or per axis.
-        progress: show a progress bar.
+        spacing: voxel spacing for HD95 (mm), scalar or per axis. ``None``: each case's spacing from its
+            image's affine (MONAI MetaTensor inputs; the column norms of its spatial block), else voxels.
+        progress: show a progress bar (attack-batches, with a total and an ETA when ``len(data)`` is known;
+            on rank 0 only in a distributed run).
         meta: free-form metadata stored with the results (model name, dataset, ...).
+        image_key, label_key: the input and label keys of dictionary batches.
+        save_adversarial: a folder to write every adversarial example to (``None``: nothing written), one
+            sub-folder per attack, files named ``{sample:04d}_{case}``: NIfTI with the input's affine for
+            3-D data, PNG (8- or 16-bit over the data box) for 2-D data of 1 or 3 channels, ``.npy``
+            otherwise; integer NIfTI keeps the dtype of the file the input came from
+            (:mod:`medadv.data.save`). Each file is read back and re-predicted: see the ``saved_*`` columns.
+        seed: run each (batch, attack) on torch's global RNG seeded from ``(seed, batch index, attack,
+            budget)`` inside a fork (the caller's RNG state is left as it was), so the random numbers of
+            attacks without their own ``seed`` do not depend on which batches ran before: results are then
+            the same in a resumed run and in any number of processes. ``None``: the global RNG as it is.
+        distributed: shard the batches over the processes of ``torch.distributed``: ``None`` (default)
+            when a process group of more than one process is initialised, ``True`` to require one, ``False``
+            to run every batch here. Rank ``r`` of ``W`` attacks batches ``r, r + W, ...`` (no sample twice,
+            no padding), logs them to ``log.rank{r}.jsonl``, and every rank returns the merged table, equal
+            row for row to a 1-process run when ``seed`` is given (:mod:`medadv.distributed`).
 
     Returns:
-        :class:`Results` with one row per (sample, attack, budget). Besides the metric columns, each row
-        holds the attack's declared per-sample outputs (``AttackResult.details.columns``) as
-        ``attack_<column>`` (e.g. DAG's ``attack_iterations``, the saliency attacks' ``attack_map_ssim``);
-        :meth:`Results.summary` averages them per attack and budget.
+        :class:`Results` with one row per (sample, attack, budget), sorted by attack then sample. Columns:
+
+        * ``sample`` (number in iteration order), ``case_id`` (the batch's ``case_id``, else ``str(sample)``),
+          ``attack``, ``budget``, ``config`` (settings fingerprint), ``data`` (sample hash);
+        * ``fooled``: the attack's own success test on its output (untargeted: the task's "wrong" test
+          against the label, so a sample already wrong before the attack counts; targeted: target reached);
+          ``changed``: the prediction differs from the clean prediction; ``flipped``: right before the
+          attack and wrong after (untargeted test against the true label) — the damage the attack did;
+        * ``linf``/``l2``: the perturbation's size in data units;
+        * the task's ``clean_*``/``adv_*`` metrics (``clean_correct``/``adv_correct``,
+          ``*_exact_match``, ``*_mean_dice``, ``*_hd95`` ...);
+        * with ``save_adversarial``: ``saved_file`` (relative to the folder), ``saved_fooled`` (the
+          attack's test on the re-loaded file), ``saved_still_fooled`` (fooled before and after saving: the
+          attack survives the file's quantisation), ``saved_changed``, ``saved_linf`` (the perturbation as
+          stored) and ``saved_adv_<metric>`` (the robust metric of the re-loaded file);
+        * the attack's declared per-sample outputs (``AttackResult.details.columns``) as
+          ``attack_<column>`` (e.g. DAG's ``attack_iterations``, the saliency attacks' ``attack_map_ssim``);
+          :meth:`Results.summary` averages them per attack and budget.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}")
@@ -239,11 +600,21 @@ def evaluate(
         which = ", ".join(repr(n) for n, a in named if _targeted(a))
         raise ValueError(f"`target_fn` is required because attack(s) {which} are targeted: give "
                          "target_fn(x, y, clean_logits) -> target")
+    shard = dist.current_shard(distributed)
+    if shard is not None and seed is None and any(getattr(a, "seed", None) is None for _, a in named):
+        warnings.warn("a sharded evaluate() without `seed`: attacks without their own seed draw from each "
+                      "process's global RNG, so rows may differ from a 1-process run; pass seed=...",
+                      RuntimeWarning, stacklevel=2)
+    save_dir = Path(save_adversarial) if save_adversarial is not None else None
     weights = _weights_hash(model)
-    configs = {name: _fingerprint(weights, task, atk, hd95, spacing, target_fn) for name, atk in named}
-    # rows of a resumed log count only if they came from the same model, task and attack settings
-    done = [r for r in (Results.read_log(log).rows if log is not None else [])
+    configs = {name: _fingerprint(weights, task, atk, hd95, spacing, target_fn, seed=seed, save=save_dir is not None)
+               for name, atk in named}
+    # rows of a resumed log (and of every rank's log) count only if they came from the same settings
+    done = [r for p in (dist.log_files(log) if log is not None else []) for r in Results.read_log(p).rows
             if r.get("config") == configs.get(r["attack"])]
+    own_log = dist.rank_log(log, shard.rank) if log is not None and shard is not None else log
+    if shard is not None:
+        dist.barrier()  # every rank has read the logs before any appends to its own
     # rows of the log by sample; a row is reused only once its sample's data is known to be the same
     logged: dict[int, list[dict[str, Any]]] = {}
     for r in done:
@@ -251,23 +622,28 @@ def evaluate(
     done_keys: set[tuple[Any, ...]] = set()
     results = Results([], meta={"task": repr(task), **(meta or {})})
     device = model_device(model)
+    folders = _attack_folders(named) if save_dir is not None else {}
+    source = _Source(data, shard, image_key, label_key)
 
     bar = None
-    if progress:
+    if progress and (shard is None or shard.rank == 0):
         from tqdm.auto import tqdm
 
-        bar = tqdm(desc="evaluate", unit="attack-batch")
-    offset = 0
+        total = source.total * len(named) if source.total is not None else None
+        where = f" (rank 0 of {shard.world_size})" if shard is not None else ""
+        bar = tqdm(desc="evaluate" + where, total=total, unit="attack-batch")
     modes = [(m, m.training) for m in model.modules()]
     try:
-        for x, y in _batches(data):
+        for b, offset, raw in source:
+            batch = _parse(raw, task, image_key, label_key)
+            x, y = batch.x, batch.y
             check_input(x)
             ids = list(range(offset, offset + x.shape[0]))
-            offset += x.shape[0]
             if not isinstance(y, Tensor) or y.ndim == 0 or y.shape[0] != x.shape[0]:
                 raise ValueError(f"`y` of a batch must be a tensor with one label per sample ({x.shape[0]}), got "
                                  + (f"shape {tuple(y.shape)}" if isinstance(y, Tensor) else type(y).__name__))
-            hashes = _sample_hashes(x, y)
+            cases = batch.case_ids if batch.case_ids is not None else [str(i) for i in ids]
+            hashes = _sample_hashes(x, y, batch.extras())
             for i, sid in enumerate(ids):  # logged rows of the same data count as done; others are redone
                 for r in logged.pop(sid, ()):
                     key = (sid, r["attack"], r["budget"])
@@ -275,39 +651,51 @@ def evaluate(
                         results.rows.append(r)
                         done_keys.add(key)
             todo = [(n, a) for n, a in named if any((i, n, a.budget) not in done_keys for i in ids)]
+            if bar is not None and bar.total is not None and len(todo) < len(named):
+                bar.total -= len(named) - len(todo)  # resumed work: the ETA counts only what is left
+                bar.refresh()
             if not todo:
                 continue
             x_d, y_d = x.to(device), y.to(device)
             with attack_mode(model), torch.no_grad():
                 clean_logits = forward_tensor(model, x_d)  # clear errors: list outputs, no batch dim
             task.validate(clean_logits, y_d, "y")
+            batch_spacing = spacing if spacing is not None or not hd95 else batch.spacing()
             for name, atk in todo:
-                target = target_fn(x_d, y_d, clean_logits) if target_fn is not None and _targeted(atk) else y_d
-                res = atk(model, x_d, target)
-                rows = sample_rows(task, y_d, clean_logits, res.logits, spacing=spacing, hd95=hd95)
+                with _seeded(seed, f"{b}:{name}:{atk.budget}", device):
+                    target = target_fn(x_d, y_d, clean_logits) if target_fn is not None and _targeted(atk) else y_d
+                    res = atk(model, x_d, target)
+                rows = sample_rows(task, y_d, clean_logits, res.logits, spacing=batch_spacing, hd95=hd95)
                 extra = detail_rows(res.details, len(rows))
+                saved = (_saved_columns(model, task, atk, save_dir, folders[(name, atk.budget)], ids, batch, x_d,
+                                        clean_logits, y_d, res)
+                         if save_dir is not None else [{} for _ in rows])
                 fooled, linf, l2 = res.fooled.cpu().tolist(), res.linf.cpu().tolist(), res.l2.cpu().tolist()
                 new = []
                 for i, row in enumerate(rows):
                     key = (ids[i], name, atk.budget)
                     if key in done_keys:
                         continue
-                    new.append({"sample": ids[i], "attack": name, "budget": atk.budget, "config": configs[name],
-                                "data": hashes[i],
-                                "fooled": bool(fooled[i]), "linf": float(linf[i]), "l2": float(l2[i]),
-                                **row, **extra[i]})
+                    new.append({"sample": ids[i], "case_id": cases[i], "attack": name, "budget": atk.budget,
+                                "config": configs[name], "data": hashes[i],
+                                "fooled": bool(fooled[i]), "changed": row.pop("changed"),
+                                "flipped": row.pop("flipped"), "linf": float(linf[i]), "l2": float(l2[i]),
+                                **row, **saved[i], **extra[i]})
                     done_keys.add(key)
                 results.extend(new)
-                if log is not None:
-                    Results.append_log(log, new)
+                if own_log is not None:
+                    Results.append_log(own_log, new)
                 if bar is not None:
                     bar.update(1)
-                    bar.set_postfix(attack=name, fooled=f"{res.fooling_rate:.2f}")
+                    bar.set_postfix(attack=name, fooled=f"{res.fooling_rate:.2f}",
+                                    changed=f"{sum(r['changed'] for r in new) / max(len(new), 1):.2f}")
     finally:
         for m, training in modes:
             m.training = training
         if bar is not None:
             bar.close()
+    if shard is not None:  # every rank gets every row (rank 0 writes the outputs)
+        results.rows = [r for part in dist.all_gather_objects(results.rows) for r in part]
     order = {name: i for i, (name, _) in enumerate(named)}
     results.rows.sort(key=lambda r: (order.get(r["attack"], len(order)), str(r["attack"]), r["sample"]))
     return results

@@ -16,9 +16,30 @@ from typing import Any
 
 import torch
 
-__all__ = ["Results", "DETAIL_PREFIX", "ENSEMBLE_COLUMN", "summary_columns"]
+__all__ = ["Results", "DETAIL_PREFIX", "ENSEMBLE_COLUMN", "SAVED_PREFIX", "COLUMN_LEGEND", "summary_columns"]
 
 KEY = ("sample", "attack", "budget")
+#: per-sample columns that are identifiers, not quantities: never averaged
+ID_COLUMNS = ("case_id", "config", "data", "saved_file")
+#: prefix of the columns about the adversarial examples written to files and read back (``save_adversarial``)
+SAVED_PREFIX = "saved_"
+#: what the outcome columns mean (printed under the summary; in a summary each is the fraction of samples)
+COLUMN_LEGEND = {
+    "fooled": "the attack's own success test on its output (untargeted: wrong against the label, so samples "
+              "already wrong before the attack count; targeted: target reached)",
+    "changed": "the prediction differs from the clean prediction",
+    "flipped": "right before the attack and wrong after: the errors the attack caused",
+    "flip_rate": "fraction of the labels whose prediction changed",
+    "changed_fraction": "fraction of the voxels whose prediction changed",
+    "saved_fooled": "the attack's success test on the adversarial example written to a file and read back",
+    "saved_still_fooled": "fooled before saving and after reading the file back: the attack survives the file "
+                          "format's quantisation",
+    "saved_changed": "the prediction of the re-loaded file differs from the clean prediction",
+    "saved_linf": "L-inf size of the perturbation as stored in the file (data units)",
+    "saved_adv_correct": "the re-loaded file is classified correctly",
+    "saved_adv_exact_match": "every label of the re-loaded file is right",
+    "saved_adv_mean_dice": "mean Dice of the re-loaded file's segmentation",
+}
 #: the per-member worst-case metric of an ensemble (``auto``): rows holding it get :meth:`Results.ensemble_table`
 ENSEMBLE_COLUMN = "attack_metric_after"
 #: detail columns of ``auto`` shown by the ensemble and masking tables instead of the generic means
@@ -60,12 +81,27 @@ def summary_columns(table: list[dict[str, Any]]) -> list[str]:
 class Results:
     """Rows of an evaluation. Columns depend on the task; the key is ``(sample, attack, budget)``.
 
-    Common columns: ``sample``, ``attack``, ``budget`` (data units, None for attacks without an ε-ball),
-    ``config`` (the settings fingerprint), ``clean_pred``, ``adv_pred``, ``fooled``, ``linf``, ``l2``;
-    task-specific metrics are prefixed ``clean_``/``adv_``. The per-sample outputs an attack declares in
-    its typed details (``AttackDetails.columns``) are prefixed ``attack_`` (DAG: ``attack_iterations``,
-    ``attack_fooled_fraction``; saliency attacks: ``attack_map_ssim``, ``attack_admissible``, ...); rows
-    of other attacks do not have them.
+    Common columns: ``sample`` (number in the data's order), ``case_id`` (the case identifier of a
+    dictionary batch, else the sample number as a string), ``attack``, ``budget`` (data units, None for
+    attacks without an ε-ball), ``config`` (the settings fingerprint), ``data`` (the sample's hash),
+    ``linf``, ``l2``, and three outcome columns that answer different questions:
+
+    * ``fooled``: the attack's own success test on its output. Untargeted, it is the task's "wrong"
+      test against the label (multi-class: arg-max not the label; multi-label: some label wrong;
+      segmentation: mean Dice below the task's threshold), so a sample the model already got wrong
+      counts as fooled even if the attack changed nothing; targeted: the target was reached.
+    * ``changed``: the adversarial prediction differs from the clean prediction (any class, label or
+      voxel) — the attack moved the output.
+    * ``flipped``: right before the attack and wrong after (the untargeted test against the true label) —
+      the errors the attack caused. Untargeted, ``fooled`` minus ``flipped`` are the samples wrong both
+      before and after the attack.
+
+    Task-specific metrics are prefixed ``clean_``/``adv_`` (``clean_correct``/``adv_correct``,
+    ``*_exact_match``, ``*_mean_dice``, ...); ``clean_pred``, ``adv_pred`` hold the predictions. Runs
+    with ``save_adversarial`` add ``saved_*`` columns (:data:`COLUMN_LEGEND`). The per-sample outputs an
+    attack declares in its typed details (``AttackDetails.columns``) are prefixed ``attack_`` (DAG:
+    ``attack_iterations``, ``attack_fooled_fraction``; saliency attacks: ``attack_map_ssim``,
+    ``attack_admissible``, ...); rows of other attacks do not have them.
     """
 
     def __init__(self, rows: Iterable[dict[str, Any]] = (), meta: dict[str, Any] | None = None) -> None:
@@ -104,7 +140,8 @@ class Results:
         for (attack, budget), rows in self.groups().items():
             row: dict[str, Any] = {"attack": attack, "budget": budget, "n": len(rows)}
             for col in _columns(rows):
-                if col in KEY or col.endswith("_pred") or col.endswith("_scores") or col == "label":
+                if col in KEY or col in ID_COLUMNS or col.endswith("_pred") or col.endswith("_scores") \
+                        or col == "label":
                     continue
                 val = next((r[col] for r in rows if r.get(col) is not None), None)
                 if isinstance(val, bool | int | float) or val is None:
@@ -205,7 +242,16 @@ class Results:
             return block(table, columns)
         cols = summary_columns(table)
         details = [c for c in cols if c.startswith(DETAIL_PREFIX)]
-        out = block(table, [c for c in cols if c not in details])
+        saved = [c for c in cols if c.startswith(SAVED_PREFIX)]
+        out = block(table, [c for c in cols if c not in details and c not in saved])
+        legend = self.legend([c for c in cols if c not in saved])
+        if legend:
+            out += "\n\n" + legend
+        if saved:
+            rows = [r for r in table if any(c in r for c in saved)]
+            out += "\n\nadversarial examples saved to files, read back and re-predicted:\n" + block(
+                rows, ["attack", "budget", "fooled", *saved, "n"])
+            out += "\n\n" + self.legend(saved)
         details = [c for c in details if c not in ENSEMBLE_DETAILS]
         if details:
             rows = [r for r in table if any(c in r for c in details)]
@@ -220,6 +266,16 @@ class Results:
             out += "\n\ngradient-masking checks that fired (the evaluation may overestimate robustness):\n"
             out += "\n".join(f"- {f['attack']} @ {fmt(f['budget'])}: {f['check']}: {f['message']}" for f in flags)
         return out
+
+    @staticmethod
+    def legend(columns: Iterable[str]) -> str:
+        """One line per outcome column among ``columns`` saying what it means (:data:`COLUMN_LEGEND`); the
+        summary shows each as the fraction of samples."""
+        cols = [c for c in columns if c in COLUMN_LEGEND]
+        if not cols:
+            return ""
+        width = max(map(len, cols))
+        return "\n".join(f"{c.ljust(width)}  {COLUMN_LEGEND[c]}" for c in cols)
 
     def __str__(self) -> str:
         return self.format_summary()

@@ -1,11 +1,12 @@
 import json
 
+import pytest
 import torch
 import yaml
 
 from medadv.cli import main
 from medadv.demo import DemoConfig, run_demo
-from medadv.models import save_checkpoint, small_cnn
+from medadv.models import load_checkpoint, save_checkpoint, small_cnn
 
 
 def test_attacks_command_lists_the_registry(capsys):
@@ -184,7 +185,8 @@ def _check_evaluate_fails(tmp_path, capsys, message, **over):
     assert not (tmp_path / "out").exists()  # nothing ran, nothing written
 
 
-TOP_KEYS = "model, task, data, threat, budgets, attacks, target, batch_size, output, seed, hd95, spacing"
+TOP_KEYS = ("model, task, data, threat, budgets, attacks, target, batch_size, output, seed, hd95, spacing, inference, "
+            "save_adversarial, allow_code")
 
 
 def test_misspelt_top_level_key_is_an_error_with_the_closest_key(tmp_path, capsys):
@@ -347,3 +349,251 @@ def test_evaluate_runs_auto_from_a_yaml_config(trained_multilabel, tmp_path, cap
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(cfg))
     assert main(["evaluate", str(tmp_path / "bad.yaml"), "--no-progress"]) == 2
     assert "did you mean 'attacks'" in capsys.readouterr().err
+
+
+# --- your own data from files: NIfTI through MONAI, per-case rows, HD95 in millimetres -------------------------------
+SPACING = (2.0, 2.0, 3.0)
+
+
+def _nifti_config(tmp_path, n=3, size=12, **over):
+    """A 3-D segmentation config on ``n`` NIfTI volumes (2 x 2 x 3 mm voxels) with a saved random small UNet."""
+    import nibabel as nib
+    import numpy as np
+
+    from medadv.models import small_unet
+
+    rng = np.random.default_rng(0)
+    for sub in ("images", "labels"):
+        (tmp_path / sub).mkdir(exist_ok=True)
+    zz = np.indices((size,) * 3).sum(0)
+    for i in range(n):
+        img = (rng.random((size,) * 3) * 0.2 + (zz > size + i) * 0.6).astype(np.float32)
+        lab = (zz > size + i).astype(np.uint8) + (zz > size + 8).astype(np.uint8)
+        affine = np.diag([*SPACING, 1.0])
+        nib.save(nib.Nifti1Image(img, affine), tmp_path / "images" / f"sub{i}.nii.gz")
+        nib.save(nib.Nifti1Image(lab, affine), tmp_path / "labels" / f"sub{i}.nii.gz")
+    torch.manual_seed(0)
+    save_checkpoint(tmp_path / "unet.pt", small_unet(1, 3, ndim=3, channels=(4, 8)))
+    cfg = {
+        "model": {"builder": "small_unet", "kwargs": {"in_channels": 1, "num_classes": 3, "ndim": 3,
+                                                      "channels": [4, 8]}, "checkpoint": "unet.pt"},
+        "task": {"type": "segmentation", "num_classes": 3},
+        "data": {"source": "files", "images": "images/*.nii.gz", "labels": "labels/*.nii.gz"},
+        "threat": {"norm": "linf", "bounds": [0.0, 1.0]},
+        "budgets": ["4/255"],
+        "attacks": [{"name": "pgd", "steps": 2}],
+        "batch_size": 2,
+        "hd95": True,
+        "output": "out",
+        **over,
+    }
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _rows(tmp_path, out="out"):
+    return json.loads((tmp_path / out / "results.json").read_text())["rows"]
+
+
+def test_evaluate_nifti_files_per_case_rows_with_hd95_in_mm(tmp_path, capsys):
+    import nibabel as nib
+
+    from medadv.metrics.segmentation import hd95_per_class
+    from medadv.models import small_unet
+
+    path = _nifti_config(tmp_path)
+    assert main(["evaluate", str(path), "--no-progress"]) == 0
+    rows = _rows(tmp_path)
+    assert [r["case_id"] for r in rows] == ["sub0.nii.gz", "sub1.nii.gz", "sub2.nii.gz"]
+    model = small_unet(1, 3, ndim=3, channels=(4, 8))
+    load_checkpoint(tmp_path / "unet.pt", model)
+    model.eval()
+    for r in rows:
+        x = torch.from_numpy(nib.load(tmp_path / "images" / r["case_id"]).get_fdata()).float()[None, None]
+        y = torch.from_numpy(nib.load(tmp_path / "labels" / r["case_id"]).get_fdata()).long()[None]
+        with torch.no_grad():
+            pred = model(x).argmax(1)
+        mm = hd95_per_class(pred, y, 3, SPACING)[0].tolist()
+        voxels = hd95_per_class(pred, y, 3, None)[0].tolist()
+        assert r["clean_hd95"] == pytest.approx([None if v != v else v for v in mm], nan_ok=True)
+        assert any(a == a and b == b and abs(a - b) > 0.1 for a, b in zip(mm, voxels, strict=True)), "spacing made no difference"
+    meta = json.loads((tmp_path / "out" / "results.json").read_text())["meta"]
+    assert meta["config_fingerprint"] == json.loads((tmp_path / "out" / "run.json").read_text())["fingerprint"]
+    assert meta["settings"]["data"]["source"] == "files"
+
+
+def test_an_output_folder_is_resumed_or_protected_never_overwritten(tmp_path, capsys):
+    path = _nifti_config(tmp_path, hd95=False)
+    assert main(["evaluate", str(path), "--no-progress"]) == 0
+    first = (tmp_path / "out" / "results.json").read_text()
+    log_lines = (tmp_path / "out" / "log.jsonl").read_text().count("\n")
+    capsys.readouterr()
+    # the same config and data: resumed, every row reused from the log, nothing recomputed
+    assert main(["evaluate", str(path), "--no-progress"]) == 0
+    assert "resuming into" in capsys.readouterr().err
+    assert (tmp_path / "out" / "log.jsonl").read_text().count("\n") == log_lines
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["rows"] == json.loads(first)["rows"]
+    # another config: stopped with one line, the results untouched
+    cfg = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**cfg, "budgets": ["8/255"]}))
+    assert main(["evaluate", str(path), "--no-progress"]) == 2
+    (err,) = capsys.readouterr().err.splitlines()
+    assert err.startswith(f"medadv: error: output folder {tmp_path / 'out'} holds results of another config or "
+                          "other data (fingerprint ") and err.endswith("pass --overwrite to replace them, or give "
+                                                                       "another `output` (or --output)")
+    assert (tmp_path / "out" / "results.json").read_text() == first
+    # other data (a label file changed): stopped too
+    path.write_text(yaml.safe_dump(cfg))
+    lab = tmp_path / "labels" / "sub1.nii.gz"
+    lab.write_bytes(lab.read_bytes())
+    import os
+
+    os.utime(lab, ns=(lab.stat().st_atime_ns, lab.stat().st_mtime_ns + 10**9))
+    assert main(["evaluate", str(path), "--no-progress"]) == 2
+    assert "holds results of another config or other data" in capsys.readouterr().err
+    # --overwrite replaces them
+    path.write_text(yaml.safe_dump({**cfg, "budgets": ["8/255"]}))
+    assert main(["evaluate", str(path), "--no-progress", "--overwrite"]) == 0
+    assert {r["budget"] for r in _rows(tmp_path)} == {8 / 255}
+    assert "4/255" not in (tmp_path / "out" / "log.jsonl").read_text() and (tmp_path / "out" / "run.json").is_file()
+    # a folder with results but no run.json (another tool, an older medadv): stopped
+    (tmp_path / "out" / "run.json").unlink()
+    assert main(["evaluate", str(path), "--no-progress"]) == 2
+    assert "holds results of an unknown run (no run.json)" in capsys.readouterr().err
+
+
+def test_the_seed_is_set_before_the_model_is_built(tmp_path, capsys):
+    # no checkpoint: the random weights follow the config's seed, the same in every run
+    import warnings
+
+    path = _small_config(tmp_path, attacks=[{"name": "pgd", "steps": 2}])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["evaluate", str(path), "--no-progress", "--output", str(tmp_path / "a")]) == 0
+        assert main(["evaluate", str(path), "--no-progress", "--output", str(tmp_path / "b")]) == 0
+        path.write_text(path.read_text() + "seed: 3\n")
+        assert main(["evaluate", str(path), "--no-progress", "--output", str(tmp_path / "c")]) == 0
+
+    def scores(out):
+        return [(r["clean_pred"], r["adv_pred"], r["linf"]) for r in _rows(tmp_path, out)]
+
+    assert scores("a") == scores("b") != scores("c")
+
+
+def test_code_outside_medadv_monai_torchvision_runs_only_when_allowed(tmp_path, capsys):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "net.py").write_text(
+        "import torch\n\nclass Net(torch.nn.Sequential):\n    def __init__(self):\n"
+        "        super().__init__(torch.nn.Flatten(), torch.nn.Linear(64, 3))\n")
+    (tmp_path / "cfgdir").mkdir()
+    path = _small_config(tmp_path / "cfgdir", model={"builder": "../elsewhere/net.py:Net"})
+    message = (f"`model.builder` '../elsewhere/net.py:Net' is a Python file outside the config's folder "
+               f"({tmp_path / 'elsewhere' / 'net.py'}): pass --allow-code (or set `allow_code: true` in the config) "
+               "if you trust it: a config that names code runs it")
+    _fails(capsys, ["evaluate", str(path), "--no-progress"], message)
+    _fails(capsys, ["validate", str(path)], message)
+    assert not (tmp_path / "cfgdir" / "out").exists()
+    assert main(["validate", str(path), "--allow-code"]) == 0
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["evaluate", str(path), "--no-progress", "--allow-code"]) == 0
+        path.write_text(path.read_text() + "allow_code: true\n")  # the config's own flag
+        assert main(["evaluate", str(path), "--no-progress", "--output", str(tmp_path / "o2")]) == 0
+    capsys.readouterr()
+    # an importable module outside medadv, MONAI and torchvision; `target` functions likewise
+    _fails(capsys, ["validate", str(_small_config(tmp_path, model={"builder": "torch.nn:Identity"}))],
+           "`model.builder` 'torch.nn:Identity' is code outside medadv, monai, torchvision: pass --allow-code (or set "
+           "`allow_code: true` in the config) if you trust it: a config that names code runs it")
+    _fails(capsys, ["validate", str(_small_config(tmp_path, model={"builder": "os:system"}))],
+           "`model.builder` 'os:system' is code outside medadv, monai, torchvision: pass --allow-code (or set "
+           "`allow_code: true` in the config) if you trust it: a config that names code runs it")
+    path = _small_config(tmp_path, task={"type": "segmentation", "num_classes": 3}, target="json:dumps",
+                         model={"builder": "medadv.models.nets:small_unet"})
+    _fails(capsys, ["validate", str(path)], "`target` 'json:dumps' is code outside medadv, monai, torchvision: pass "
+           "--allow-code (or set `allow_code: true` in the config) if you trust it: a config that names code runs it")
+
+
+def test_missing_data_files_and_unknown_transforms_are_one_line(tmp_path, capsys):
+    path = _nifti_config(tmp_path, data={"source": "files", "images": "imgs/*.nii.gz", "labels": "labels/*.nii.gz"})
+    _fails(capsys, ["evaluate", str(path), "--no-progress"],
+           f"`data.images`: no file matches 'imgs/*.nii.gz' (in {tmp_path / 'imgs'})")
+    assert not (tmp_path / "out").exists()
+    data = {"source": "files", "images": "images/*.nii.gz", "labels": "labels/*.nii.gz",
+            "transforms": [{"name": "ScaleIntensityRanged", "a_min": 0, "a_max": 1, "b_min": 0, "b_max": 1},
+                           {"name": "Orientationdd", "axcodes": "RAS"}]}
+    path = _nifti_config(tmp_path, data=data)
+    _fails(capsys, ["evaluate", str(path), "--no-progress"],
+           "`data.transforms[1]`: unknown MONAI transform 'Orientationdd'; did you mean 'Orientationd'? "
+           "(monai.transforms lists them; dictionary transforms end in 'd')")
+    data["transforms"][1] = {"name": "Orientationd", "axcodes": "RAS", "keyz": ["image"]}
+    path = _nifti_config(tmp_path, data=data)
+    assert main(["evaluate", str(path), "--no-progress"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("medadv: error: unknown key `keyz` in `data.transforms[1]`; did you mean `keys`?")
+    assert not (tmp_path / "out").exists()
+    # a file that cannot be read: one line naming the case
+    (tmp_path / "images" / "sub1.nii.gz").write_bytes(b"broken")
+    path = _nifti_config(tmp_path, n=0)
+    assert main(["evaluate", str(path), "--no-progress"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"medadv: error: case sub1.nii.gz ({tmp_path / 'images' / 'sub1.nii.gz'}): ")
+
+
+def test_whole_volumes_through_sliding_window_inference(tmp_path, capsys):
+    from medadv.models import small_unet
+    from medadv.models.sliding import SlidingWindow
+
+    path = _nifti_config(tmp_path, size=20, hd95=False,
+                         inference={"roi_size": 12, "overlap": 0.25, "sw_batch_size": 2, "mode": "constant"})
+    assert main(["evaluate", str(path), "--no-progress"]) == 0
+    rows = _rows(tmp_path)
+    assert len(rows) == 3 and all(r["linf"] <= 4 / 255 + 1e-6 for r in rows)
+    # the clean Dice is the sliding-window model's, on the whole 20^3 volume
+    import nibabel as nib
+
+    from medadv.tasks import Segmentation
+
+    model = small_unet(1, 3, ndim=3, channels=(4, 8))
+    load_checkpoint(tmp_path / "unet.pt", model)
+    sw = SlidingWindow(model.eval(), 12, overlap=0.25, sw_batch_size=2, mode="constant")
+    x = torch.from_numpy(nib.load(tmp_path / "images" / "sub0.nii.gz").get_fdata()).float()[None, None]
+    y = torch.from_numpy(nib.load(tmp_path / "labels" / "sub0.nii.gz").get_fdata()).long()[None]
+    with torch.no_grad():
+        dice = Segmentation(3).metrics(sw(x), y)["mean_dice"]
+    assert rows[0]["clean_mean_dice"] == pytest.approx(float(dice), abs=1e-6)
+
+
+def test_save_adversarial_writes_the_examples_beside_the_results(tmp_path, capsys):
+    path = _nifti_config(tmp_path, n=2, hd95=False, save_adversarial=True)
+    assert main(["evaluate", str(path), "--no-progress"]) == 0
+    rows = _rows(tmp_path)
+    saved = sorted(p.relative_to(tmp_path / "out" / "adversarial") for p in (tmp_path / "out" / "adversarial").rglob("*")
+                   if p.is_file())
+    assert len(saved) == 2 and all(str(p).endswith(".nii.gz") for p in saved)
+    assert all("saved_file" in r for r in rows)
+
+
+def test_torchrun_two_processes_equal_one_and_only_rank0_writes(tmp_path, capsys):
+    """`torchrun --nproc_per_node 2 -m medadv.cli evaluate` (gloo on CPUs): each rank logs its shard, rank 0
+    writes the results, which equal a 1-process run row for row and value for value."""
+    import os
+    import subprocess
+    import sys
+    import warnings
+
+    path = _small_config(tmp_path, attacks=[{"name": "pgd", "steps": 2}], batch_size=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["evaluate", str(path), "--no-progress", "--output", str(tmp_path / "one")]) == 0
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "medadv.cli", "evaluate", str(path), "--no-progress", "--output", str(tmp_path / "two")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("wrote ") == 1  # rank 0 alone reports and writes
+    one, two = _rows(tmp_path, "one"), _rows(tmp_path, "two")
+    assert len(one) == 4 and one == two
+    assert sorted(p.name for p in (tmp_path / "two").glob("log*.jsonl")) == ["log.rank0.jsonl", "log.rank1.jsonl"]

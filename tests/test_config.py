@@ -146,3 +146,72 @@ def test_component_checkpoints_are_relative_to_the_config_folder(tmp_path):
     cfg = {**_cfg([{"name": "gap", "generator": {"checkpoint": "gap.pt"}}]), "_dir": str(tmp_path)}
     built = build_attacks(cfg, task)
     assert built["gap@0.05"].trained
+
+
+# --- whole volumes: `inference:` wraps the model in MONAI sliding-window inference -------------------------------
+def test_inference_section_wraps_the_model_in_a_sliding_window():
+    from medadv.config import wrap_inference
+    from medadv.models import small_unet
+    from medadv.models.sliding import SlidingWindow
+
+    torch.manual_seed(0)
+    net = small_unet(1, 3, ndim=3, channels=(4, 8)).eval()
+    assert wrap_inference(net, None) is net
+    sw = wrap_inference(net, {"roi_size": [8, 8, 8], "overlap": 0.25, "sw_batch_size": 2, "mode": "constant"})
+    assert isinstance(sw, SlidingWindow) and sw.model is net
+    assert (sw.roi_size, sw.overlap, sw.sw_batch_size, sw.mode, sw.checkpoint) == ([8, 8, 8], 0.25, 2, "constant", True)
+    with pytest.raises(ValueError, match=r"unknown key `roi_sise` in `inference`; did you mean `roi_size`\?"):
+        wrap_inference(net, {"roi_sise": 8})
+    # a whole 12 x 14 x 10 volume through 8^3 windows; the attack's budget holds on the whole volume
+    x, y = torch.rand(1, 1, 12, 14, 10), torch.randint(0, 3, (1, 12, 14, 10))
+    assert sw(x).shape == (1, 3, 12, 14, 10)
+    res = get_attack("pgd", Segmentation(3), Linf(0.05, bounds=(0.0, 1.0)), steps=2)(sw, x, y)
+    assert res.x_adv.shape == x.shape and float(res.linf.max()) <= 0.05 + 1e-6
+
+
+def test_window_checkpointing_gives_the_same_values_and_gradients():
+    from medadv.models import small_unet
+    from medadv.models.sliding import SlidingWindow
+
+    torch.manual_seed(0)
+    net = small_unet(1, 3, ndim=3, channels=(4, 8)).eval().requires_grad_(False)
+    x = torch.rand(1, 1, 14, 12, 10)
+    grads, outs = [], []
+    for checkpoint in (False, True):
+        xv = x.clone().requires_grad_(True)
+        out = SlidingWindow(net, 8, overlap=0.5, sw_batch_size=3, checkpoint=checkpoint)(xv)
+        (g,) = torch.autograd.grad(out.square().mean(), xv)
+        outs.append(out.detach())
+        grads.append(g)
+    assert torch.equal(outs[0], outs[1]) and torch.allclose(grads[0], grads[1], atol=1e-7, rtol=1e-5)
+    assert grads[0].abs().sum() > 0
+
+
+# --- the resume fingerprint: the whole config and the data's identity ----------------------------------------------
+def test_config_fingerprint_covers_the_config_the_data_and_the_model_files(tmp_path):
+    import numpy as np
+
+    from medadv.config import config_fingerprint, load_config
+
+    np.savez(tmp_path / "d.npz", x=np.zeros((2, 1, 4, 4), np.float32), y=np.arange(2))
+    (tmp_path / "w.pt").write_bytes(b"weights")
+    cfg = {"model": {"builder": "small_cnn", "checkpoint": "w.pt"}, "task": {"type": "multiclass"},
+           "data": {"source": "npz", "path": "d.npz"}, "threat": {"bounds": [0, 1]}, "budgets": [0.1],
+           "attacks": ["fgsm"], "output": "a"}
+
+    def fp(**over):
+        (tmp_path / "c.yaml").write_text(yaml.safe_dump({**cfg, **over}))
+        return config_fingerprint(load_config(tmp_path / "c.yaml"))
+
+    base = fp()
+    assert fp() == base and fp(output="elsewhere") == base  # where results go is not what they are
+    assert len({base, fp(budgets=[0.2]), fp(batch_size=2), fp(seed=1), fp(hd95=True),
+                fp(attacks=[{"name": "fgsm", "id": "x"}])}) == 6
+    import os
+
+    st = (tmp_path / "d.npz").stat()
+    os.utime(tmp_path / "d.npz", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # the data changed
+    changed = fp()
+    assert changed != base
+    (tmp_path / "w.pt").write_bytes(b"other weights")  # the checkpoint changed
+    assert fp() != changed

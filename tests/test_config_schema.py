@@ -63,8 +63,12 @@ def test_documented_configs_stay_valid():
     ({"task": {"type": "segmentatio", "num_classes": 3}}, "`task.type` must be one of 'multiclass', 'multilabel', "
                                                           "'segmentation'; got 'segmentatio' (str); did you mean "
                                                           "'segmentation'?"),
-    ({"data": {"source": "nifti", "path": "x"}}, "`data.source` must be one of 'mni152', 'synthetic', 'npz'; "
-                                                 "got 'nifti' (str)"),
+    ({"data": {"source": "nifti", "path": "x"}}, "`data.source` must be one of 'mni152', 'synthetic', 'npz', 'files', "
+                                                 "'datalist', 'csv'; got 'nifti' (str)"),
+    ({"data": {"source": "datalist", "path": "d.json", "keys": "test"}},
+     "unknown key `keys` in `data`; did you mean `key`?"),
+    ({"data": {"source": "files", "image": "*.nii.gz"}}, "unknown key `image` in `data`; did you mean `images`?"),
+    ({"inference": {"roi_size": 96, "overlapp": 0.5}}, "unknown key `overlapp` in `inference`; did you mean `overlap`?"),
 ])
 def test_unknown_keys_and_options_name_the_closest_valid_one(over, message):
     over = {k: v for k, v in over.items() if v is not None}
@@ -204,3 +208,53 @@ def test_documented_model_sections_stay_valid():
         if kind in ("monai", "torchvision") or ":" not in name and kind == "builder":
             check_model(spec)
     assert kinds == ["builder", "monai", "torchvision", "builder", "builder", "torchscript"]
+
+
+def test_file_sources_and_their_defaults():
+    cfg = validate_config({**BASE, "data": {"source": "files", "images": "img/*.nii.gz", "labels": ["a.nii", "b.nii"]}})
+    assert cfg.data.model_dump() == {"source": "files", "images": "img/*.nii.gz", "labels": ["a.nii", "b.nii"],
+                                     "transforms": None, "n": None, "num_workers": 0}
+    cfg = validate_config({**BASE, "data": {"source": "datalist", "path": "dataset.json", "transforms": [
+        "EnsureChannelFirstd", {"name": "Spacingd", "pixdim": [1, 1, 1]}]}})
+    assert cfg.data.key == "validation" and cfg.data.base_dir is None
+    assert [t.name for t in cfg.data.transforms] == ["EnsureChannelFirstd", "Spacingd"]
+    assert cfg.data.transforms[1].args() == {"pixdim": [1, 1, 1]}
+    cfg = validate_config({**BASE, "data": {"source": "csv", "path": "labels.csv"}})
+    assert (cfg.data.image_column, cfg.data.label_columns, cfg.data.label_column) == ("image", None, None)
+    assert _errors(data={"source": "csv", "path": "l.csv", "label_columns": ["a"], "label_column": "b"}) == [
+        "`data` give `label_columns` (multi-label, 0/1 each) or `label_column` (one class index), not both"]
+    for bad in ([], "", 5, ["a.nii", 5]):
+        assert _errors(data={"source": "files", "images": bad}) == [
+            f"`data.images` must be a path or a glob, or a non-empty list of them; got {bad!r}"
+            + (f" ({type(bad).__name__})" if not isinstance(bad, list) else "")]
+    assert _errors(data={"source": "csv", "path": "l.csv", "num_workers": -1}) == [
+        "`data.num_workers` must be >= 0; got -1 (int)"]
+
+
+@pytest.mark.parametrize(("inference", "message"), [
+    ({"roi_size": 0}, "`inference.roi_size` must be an integer >= 1 or a list of them, one per spatial axis (voxels); "
+                      "got 0 (int)"),
+    ({"roi_size": [96, 96, 96, 96]}, "`inference.roi_size` must be an integer >= 1 or a list of them, one per spatial "
+                                     "axis (voxels); got [96, 96, 96, 96]"),
+    ({"roi_size": "96"}, "`inference.roi_size` must be an integer >= 1 or a list of them, one per spatial axis "
+                         "(voxels); got '96' (str)"),
+    ({"roi_size": 96, "overlap": 1.0}, "`inference.overlap` must be < 1.0; got 1.0 (float)"),
+    ({"roi_size": 96, "sw_batch_size": 0}, "`inference.sw_batch_size` must be >= 1; got 0 (int)"),
+    ({"roi_size": 96, "mode": "gausian"}, "`inference.mode` must be one of 'gaussian', 'constant'; got 'gausian' (str); "
+                                          "did you mean 'gaussian'?"),
+    ({"overlap": 0.5}, "`inference.roi_size` is required"),
+])
+def test_inference_section_types_and_ranges(inference, message):
+    assert _errors(inference=inference) == [message]
+
+
+def test_inference_save_adversarial_and_allow_code_defaults():
+    d = validate_config(BASE).model_dump()
+    assert (d["inference"], d["save_adversarial"], d["allow_code"]) == (None, False, False)
+    cfg = validate_config({**BASE, "inference": {"roi_size": [96, 96, 64]}, "save_adversarial": True,
+                           "allow_code": True})
+    assert cfg.inference.model_dump() == {"roi_size": [96, 96, 64], "overlap": 0.5, "sw_batch_size": 4,
+                                          "mode": "gaussian", "checkpoint": True}
+    assert _errors(allow_code="yes") == ["`allow_code` must be true or false (a YAML boolean, not text); got 'yes' (str)"]
+    assert _errors(save_adversarial=1) == [
+        "`save_adversarial` must be true or false (a YAML boolean, not text); got 1 (int)"]

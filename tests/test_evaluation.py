@@ -15,7 +15,7 @@ from medadv.attacks.base import Attack, AttackDetails
 from medadv.evaluation import detail_rows, evaluate
 from medadv.report import write_report
 from medadv.results import Results
-from medadv.tasks import MultiClass, Segmentation
+from medadv.tasks import MultiClass, MultiLabel, Segmentation
 from medadv.threats import Box, Linf
 
 
@@ -165,3 +165,168 @@ def test_targeted_by_nature_needs_a_target_fn():
     task = Segmentation(3)
     with pytest.raises(ValueError, match=r"`target_fn` is required because attack\(s\) 'dag'"):
         evaluate(model, task, (x, y), {"dag": DAG(task, Box(0.0, 1.0), steps=1)})
+
+
+# --- issue 11, section 7: dictionary batches, case ids, header spacing, outcome columns, progress, seeds ----------
+class _Still(Attack):
+    """A test attack that changes nothing (its `fooled` is the clean error)."""
+
+    threat_kind = "box"
+
+    def perturb(self, model, x, y, logits):
+        return x.clone()
+
+
+def test_fooled_changed_and_flipped_answer_different_questions():
+    """Regression: `fooled` read 0.64 where 7.5 % of predictions changed, because clean errors count as fooled.
+    `changed` (prediction moved) and `flipped` (right before, wrong after) say what the attack did."""
+    model, x, y = _clf()
+    task = MultiClass()
+    y = torch.tensor([0, 0, 0, 0])
+    res = evaluate(model, task, (x, y), {"still": _Still(task, Box(0.0, 1.0)),
+                                          "pgd": PGD(task, Linf(0.5, bounds=(0.0, 1.0)), steps=5)})
+    still = [r for r in res if r["attack"] == "still"]
+    clean_errors = [not r["clean_correct"] for r in still]
+    assert any(clean_errors) and [r["fooled"] for r in still] == clean_errors
+    assert not any(r["changed"] or r["flipped"] for r in still)
+    for r in res:
+        assert r["changed"] == (r["clean_pred"] != r["adv_pred"])
+        assert r["flipped"] == (r["clean_correct"] and not r["adv_correct"])
+        assert r["fooled"] == (not r["adv_correct"])
+    summary = {s["attack"]: s for s in res.summary()}
+    assert summary["still"]["fooled"] == pytest.approx(sum(clean_errors) / 4) and summary["still"]["changed"] == 0
+    # the first metric columns, beside each other
+    assert [c for c in summary["pgd"] if c not in ("attack", "budget", "n")][:3] == ["fooled", "changed", "flipped"]
+    text = res.format_summary()
+    assert "right before the attack and wrong after" in text and "differs from the clean prediction" in text
+    assert "already wrong before the attack count" in text
+
+
+def test_flipped_for_multilabel_and_segmentation():
+    model, x, y = _seg3d()
+    task = Segmentation(3, dice_threshold=0.4)
+    res = evaluate(model, task, (x, y), {"pgd": PGD(task, Linf(0.3, bounds=(0.0, 1.0)), steps=3)})
+    for r in res:
+        assert r["flipped"] == (r["clean_mean_dice"] >= 0.4 and r["adv_mean_dice"] < 0.4)
+        assert r["changed"] == (r["changed_fraction"] > 0)
+    torch.manual_seed(0)
+    ml = nn.Sequential(nn.Flatten(), nn.Linear(16, 3)).eval()
+    g = torch.Generator().manual_seed(0)
+    xs, ys = torch.rand(6, 1, 4, 4, generator=g), (torch.rand(6, 3, generator=g) > 0.5).double()  # float multi-hot
+    task_ml = MultiLabel()
+    res = evaluate(ml, task_ml, [{"image": xs, "label": ys}], {"pgd": PGD(task_ml, Linf(0.3, bounds=(0.0, 1.0)), steps=3)})
+    assert [r["label"] for r in res] == ys.tolist()
+    for r in res:
+        assert r["flipped"] == (r["clean_exact_match"] and not r["adv_exact_match"])
+        assert r["changed"] == (r["clean_pred"] != r["adv_pred"]) == (r["flip_rate"] > 0)
+
+
+def _nifti_batches(tmp_path, spacings):
+    import nibabel as nib
+    import numpy as np
+    from monai.data import DataLoader, Dataset
+    from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged
+
+    g = np.random.default_rng(0)
+    items = []
+    for i, sp in enumerate(spacings):
+        aff = np.diag([*sp, 1.0])
+        vol = np.zeros((8, 8, 8), np.float32)
+        vol[2:6, 2:6, 2:6] = 1.0
+        lab = np.zeros((8, 8, 8), np.uint8)
+        lab[1:5, 3:7, 2:6], lab[5:7, 1:3, 1:7] = 1, 2
+        nib.save(nib.Nifti1Image(vol + g.random((8, 8, 8)).astype(np.float32) * 0.1, aff), tmp_path / f"c{i}.nii.gz")
+        nib.save(nib.Nifti1Image(lab, aff), tmp_path / f"l{i}.nii.gz")
+        items.append({"img": str(tmp_path / f"c{i}.nii.gz"), "seg": str(tmp_path / f"l{i}.nii.gz"),
+                      "case_id": f"c{i}.nii.gz"})
+    keys = ["img", "seg"]
+    return DataLoader(Dataset(items, Compose([LoadImaged(keys), EnsureChannelFirstd(keys)])), batch_size=2)
+
+
+def test_monai_dictionary_batches_case_ids_and_hd95_in_header_millimetres(tmp_path):
+    from medadv.metrics.segmentation import hd95_per_class
+
+    spacings = [(2.0, 1.0, 3.0), (1.0, 1.0, 1.0), (0.5, 0.5, 4.0)]
+    loader = _nifti_batches(tmp_path, spacings)
+    model, _, _ = _seg3d()
+    model[0] = nn.Conv3d(1, 4, 3, padding=1)
+    task = Segmentation(3)
+    pgd = {"pgd": PGD(task, Linf(0.05, bounds=(0.0, 1.2)), steps=1)}
+    res = evaluate(model.eval(), task, loader, pgd, hd95=True, image_key="img", label_key="seg", seed=0)
+    assert [r["case_id"] for r in res] == ["c0.nii.gz", "c1.nii.gz", "c2.nii.gz"]
+    assert [r["sample"] for r in res] == [0, 1, 2]
+    batch = next(iter(loader))
+    x, y = batch["img"].as_tensor(), batch["seg"].as_tensor()[:, 0].long()  # (N, 1, ...) float maps accepted
+    with torch.no_grad():
+        pred = task.predict(model(x))
+    for i in range(2):  # each case in millimetres of its own header
+        expect = hd95_per_class(pred[i: i + 1], y[i: i + 1], 3, spacings[i])[0]
+        voxels = hd95_per_class(pred[i: i + 1], y[i: i + 1], 3, None)[0]
+        got = torch.tensor([float("nan") if v is None else v for v in res.rows[i]["clean_hd95"]])
+        assert torch.allclose(got, expect.float(), equal_nan=True)
+        if i == 0:
+            assert not torch.allclose(got, voxels.float(), equal_nan=True)
+    # an explicit `spacing` wins over the headers
+    fixed = evaluate(model, task, loader, pgd, hd95=True, spacing=1.0, image_key="img", label_key="seg", seed=0)
+    assert fixed.rows[1]["clean_hd95"] == res.rows[1]["clean_hd95"] and fixed.rows[0]["clean_hd95"] != \
+        res.rows[0]["clean_hd95"]
+    # the header is part of a sample's identity: a resumed run redoes a case whose spacing changed
+    log = tmp_path / "log.jsonl"
+    evaluate(model, task, loader, pgd, hd95=True, image_key="img", label_key="seg", seed=0, log=log)
+    calls = _count_calls(pgd["pgd"])
+    evaluate(model, task, _nifti_batches(tmp_path, [spacings[0], spacings[1], (1.0, 1.0, 1.0)]), pgd, hd95=True,
+             image_key="img", label_key="seg", seed=0, log=log)
+    assert calls == [1]  # only the second batch (the last case) again
+
+
+def test_dictionary_batch_errors_and_label_forms():
+    model, x, y = _clf()
+    task = MultiClass()
+    atk = {"still": _Still(task, Box(0.0, 1.0))}
+    res = evaluate(model, task, [{"image": x, "label": y.double()[:, None], "case_id": ["a", "b", "c", "d"]}], atk)
+    assert [r["label"] for r in res] == y.tolist() and [r["case_id"] for r in res] == ["a", "b", "c", "d"]
+    with pytest.raises(TypeError, match="no label 'label'.*label_key"):
+        evaluate(model, task, [{"image": x, "target": y}], atk)
+    with pytest.raises(TypeError, match="no 'image'"):
+        evaluate(model, task, [{"x": x, "label": y}], atk)
+    with pytest.raises(ValueError, match="class indices"):
+        evaluate(model, task, [{"image": x, "label": y.double() + 0.5}], atk)
+    with pytest.raises(ValueError, match="one identifier per sample"):
+        evaluate(model, task, [{"image": x, "label": y, "case_id": ["a"]}], atk)
+    assert [r["case_id"] for r in evaluate(model, task, [(x[:2], y[:2]), (x[2:], y[2:])], atk)] == ["0", "1", "2", "3"]
+
+
+def test_progress_bar_has_a_total_and_an_eta(capsys, tmp_path):
+    model, x, y = _clf()
+    task = MultiClass()
+    atk = {"still": _Still(task, Box(0.0, 1.0)), "pgd": PGD(task, Linf(0.1, bounds=(0.0, 1.0)), steps=1)}
+    batches = [(x[:2], y[:2]), (x[2:], y[2:])]
+    log = tmp_path / "log.jsonl"
+    evaluate(model, task, batches[:1], atk, progress=True, log=log)
+    capsys.readouterr()
+    evaluate(model, task, batches, atk, progress=True, log=log)
+    err = capsys.readouterr().err
+    assert "2/2" in err and "<00:00" in err  # resumed: only the second batch's 2 attack-batches are left
+    evaluate(model, task, iter(batches), atk, progress=True)  # no len(): a count without a total
+    err = capsys.readouterr().err
+    assert "4attack-batch" in err.replace(" ", "") and "/4" not in err
+
+
+def test_seed_makes_each_batch_independent_of_the_order_and_leaves_the_global_rng():
+    model, x, y = _clf()
+    task = MultiClass()
+    batches = [(x[:2], y[:2]), (x[2:], y[2:])]
+
+    def run(data, seed):
+        # no seed of its own: the random start comes from the global RNG (and shows in l2)
+        pgd = PGD(task, Linf(0.2, bounds=(0.0, 1.0)), steps=1, step_size=0.01, seed=None)
+        return evaluate(model, task, data, {"pgd": pgd}, seed=seed)
+
+    state = torch.get_rng_state()
+    full = run(batches, 3)
+    assert torch.equal(torch.get_rng_state(), state)  # the caller's random state is untouched
+    torch.rand(5)  # the global RNG moves on: the seeded rows do not
+    assert run(batches, 3).rows == full.rows
+    assert run(batches, 4).rows != full.rows
+    # without a seed the global RNG is used as before: two runs differ (PGD's random start)
+    assert run(batches, None).rows != run(batches, None).rows

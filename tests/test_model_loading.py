@@ -263,7 +263,7 @@ def test_torchscript_model_runs_an_attack_like_the_eager_model(tmp_path, capsys)
     rows = _evaluate(scripted, capsys)
     eager = _config(tmp_path, {"builder": "torch.nn:Linear", "kwargs": {"in_features": 16, "out_features": 4},
                                "checkpoint": "cnn.pt"}, x=x, y=y, attacks=attacks, budgets=[0.1], output="out2",
-                    name="eager.yaml")
+                    name="eager.yaml", allow_code=True)
     assert main(["evaluate", str(eager), "--no-progress"]) == 0
     capsys.readouterr()
     eager_rows = json.loads((tmp_path / "out2" / "results.json").read_text())["rows"]
@@ -272,7 +272,7 @@ def test_torchscript_model_runs_an_attack_like_the_eager_model(tmp_path, capsys)
     assert [(r["clean_correct"], r["adv_correct"]) for r in rows] == \
         [(r["clean_correct"], r["adv_correct"]) for r in eager_rows]
     # a state dict given as TorchScript, and arguments a TorchScript file cannot take
-    path = _config(tmp_path, {"torchscript": "cnn.pt"}, name="wrong.yaml")
+    path = _config(tmp_path, {"torchscript": "cnn.pt"}, name="wrong.yaml", output="out3")
     assert _error(["evaluate", str(path), "--no-progress"], capsys) == [
         f"`model.torchscript`: cannot load {tmp_path / 'cnn.pt'} as TorchScript (a state dict or other torch.save "
         "file): write one with torch.jit.save(torch.jit.script(model), path); a state dict goes in `checkpoint:` "

@@ -4,10 +4,11 @@ A checkpoint is a state dict (``torch.save(model.state_dict(), path)``) or a map
 ``state_dict``, ``model_state_dict`` or ``model`` (what training scripts and :func:`save_checkpoint` write).
 Files are always read with ``torch.load(..., weights_only=True)``: tensors and plain containers only, no
 pickled code. Every failure is a :class:`CheckpointError` (a ``ValueError``) of a few lines naming the
-file: a missing file says which path was expected; a corrupt file or a pickled model object says so in one
-line; a state dict that does not fit the model lists (at most :data:`SHOWN` of each) the missing and
-unexpected keys and the shape mismatches, with a hint when a prefix such as ``module.`` (DataParallel)
-explains them.
+file: a missing file says which path was expected; a corrupt or truncated file says it is not a valid
+PyTorch checkpoint, and a pickled model object says so, in one line (never torch's advice to retry with
+``weights_only=False``, which would run the file's code); a state dict that does not fit the model lists
+(at most :data:`SHOWN` of each) the missing and unexpected keys and the shape mismatches with their counts,
+with a hint when a prefix such as ``module.`` (DataParallel) explains them.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import torch
 from torch import Tensor, nn
 
 __all__ = ["save_checkpoint", "load_checkpoint", "read_checkpoint", "state_dict_of", "load_state_dict",
-           "load_torchscript", "cache_dir", "CheckpointError", "STATE_DICT_KEYS"]
+           "load_torchscript", "cache_dir", "CheckpointError", "STATE_DICT_KEYS", "mismatch_lines",
+           "parse_load_error"]
 
 #: where a checkpoint mapping may hold the state dict, in the order they are looked for
 STATE_DICT_KEYS = ("state_dict", "model_state_dict", "model")
@@ -77,7 +79,7 @@ def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, where
                 "(weights_only=True: a pickle can run code); save the weights instead: "
                 "torch.save(model.state_dict(), path)") from None
         raise CheckpointError(f"{where}: cannot read {p}: the file is corrupt or truncated, or was not written by "
-                              f"torch.save ({type(e).__name__})") from None
+                              f"torch.save ({type(e).__name__}): not a valid PyTorch checkpoint") from None
 
 
 def _is_state_dict(value: Any) -> bool:
@@ -103,6 +105,39 @@ def state_dict_of(payload: Any, source: str = "the checkpoint") -> dict[str, Any
 def _listed(keys: Sequence[str]) -> str:
     more = f" ... and {len(keys) - SHOWN} more" if len(keys) > SHOWN else ""
     return ", ".join(keys[:SHOWN]) + more
+
+
+def mismatch_lines(head: str, missing: Sequence[str], unexpected: Sequence[str], shapes: Sequence[str]) -> list[str]:
+    """The lines of a short state-dict mismatch message: ``head``, then each kind of mismatch with its count and
+    at most :data:`SHOWN` names (torch's own message names every key: 21 000 characters for a ResNet)."""
+    lines = [head]
+    if missing:
+        lines.append(f"{len(missing)} key(s) of the model missing in the checkpoint: {_listed(missing)}")
+    if unexpected:
+        lines.append(f"{len(unexpected)} unexpected key(s) in the checkpoint: {_listed(unexpected)}")
+    if shapes:
+        lines.append(f"{len(shapes)} shape mismatch(es): {_listed(shapes)}")
+    return lines
+
+
+_TORCH_KEYS = re.compile(r"(Missing|Unexpected) key\(s\) in state_dict: (.*?)\.\s*(?:\n|$)")
+_TORCH_SHAPE = re.compile(r"size mismatch for ([^:\s]+): copying a param with shape torch\.Size\((\[[^\]]*\])\) from "
+                          r"checkpoint, the shape in current model is torch\.Size\((\[[^\]]*\])\)")
+
+
+def parse_load_error(message: str) -> tuple[list[str], list[str], list[str]] | None:
+    """(missing, unexpected, shape mismatches) from torch's ``load_state_dict`` error, or None if it is not one.
+
+    For loaders medadv does not control (RobustBench's ``load_model``), whose strict-loading error would
+    otherwise reach the user whole.
+    """
+    if "Error(s) in loading state_dict" not in message:
+        return None
+    found: dict[str, list[str]] = {"Missing": [], "Unexpected": []}
+    for kind, keys in _TORCH_KEYS.findall(message):
+        found[kind] += re.findall(r'"([^"]+)"', keys)
+    shapes = [f"{k} (checkpoint ({a[1:-1]}), model ({b[1:-1]}))" for k, a, b in _TORCH_SHAPE.findall(message)]
+    return found["Missing"], found["Unexpected"], shapes
 
 
 def _strip(state: Mapping[str, Any], prefix: str) -> dict[str, Any]:
@@ -141,13 +176,8 @@ def load_state_dict(model: nn.Module, state: Mapping[str, Any], *, strip_prefix:
               if k in state and isinstance(state[k], Tensor) and isinstance(own[k], Tensor)
               and state[k].shape != own[k].shape]
     if missing or unexpected or shapes:
-        lines = [f"{source} does not fit the model ({type(model).__name__}, strict loading):"]
-        if missing:
-            lines.append(f"{len(missing)} key(s) of the model missing in the checkpoint: {_listed(missing)}")
-        if unexpected:
-            lines.append(f"{len(unexpected)} unexpected key(s) in the checkpoint: {_listed(unexpected)}")
-        if shapes:
-            lines.append(f"{len(shapes)} shape mismatch(es): {_listed(shapes)}")
+        lines = mismatch_lines(f"{source} does not fit the model ({type(model).__name__}, strict loading):",
+                               missing, unexpected, shapes)
         if strip_prefix and not any(k.startswith(strip_prefix) for k in given):
             lines.append(f"no key of the checkpoint starts with strip_prefix {strip_prefix!r}")
         if missing and unexpected and (hint := _prefix_hint(given, list(own))):

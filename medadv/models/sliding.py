@@ -49,11 +49,15 @@ class SlidingWindow(nn.Module):
         mode: ``"gaussian"`` or ``"constant"`` blending (the paper says Gaussian; its code used constant).
         sw_batch_size: windows per forward pass.
         padding_mode, cval: how volumes smaller than the ROI are padded (MONAI semantics).
+        checkpoint: when a gradient is taken, keep only each window batch's input and output and
+            recompute its activations in the backward pass (``torch.utils.checkpoint``): the memory of
+            one window batch instead of every window's activations, for one more forward pass. The
+            values and gradients are the same as without it.
     """
 
     def __init__(self, model: nn.Module, roi_size: int | Sequence[int], *, overlap: float = 0.5,
                  mode: str = "gaussian", sw_batch_size: int = 4, padding_mode: str = "constant",
-                 cval: float = 0.0) -> None:
+                 cval: float = 0.0, checkpoint: bool = False) -> None:
         super().__init__()
         if not isinstance(model, nn.Module):
             raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}")
@@ -70,12 +74,20 @@ class SlidingWindow(nn.Module):
         self.sw_batch_size = int(sw_batch_size)
         self.padding_mode = padding_mode
         self.cval = float(cval)
+        self.checkpoint = bool(checkpoint)
+
+    def _window(self, w: Tensor) -> Any:
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(self.model, w, use_reentrant=False)
 
     def forward(self, x: Tensor) -> Tensor:
         from monai.inferers import sliding_window_inference
 
         roi = _roi(self.roi_size, x.ndim - 2)
-        out = sliding_window_inference(x, roi, self.sw_batch_size, self.model, overlap=self.overlap,
+        recompute = self.checkpoint and torch.is_grad_enabled() and x.requires_grad
+        predictor = self._window if recompute else self.model
+        out = sliding_window_inference(x, roi, self.sw_batch_size, predictor, overlap=self.overlap,
                                        mode=self.mode, padding_mode=self.padding_mode, cval=self.cval)
         if not isinstance(out, Tensor):  # the model returned several outputs (deep supervision heads)
             raise TypeError(f"the wrapped model returned a {type(out).__name__}, not one tensor of logits; "

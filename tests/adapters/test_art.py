@@ -12,16 +12,18 @@ from art.attacks.evasion import (
     BasicIterativeMethod,
     DeepFool,
     FastGradientMethod,
+    HopSkipJump,
     ProjectedGradientDescent,
     ProjectedGradientDescentNumpy,
     SaliencyMapMethod,
+    SquareAttack,
 )
 from art.attacks.evasion.projected_gradient_descent.projected_gradient_descent_pytorch import (
     ProjectedGradientDescentPyTorch,
 )
-from art.defences.trainer import AdversarialTrainer
+from art.defences.trainer import AdversarialTrainer, AdversarialTrainerFBFPyTorch, AdversarialTrainerMadryPGD
 
-from medadv.adapters.art import ARTClassifier, ARTSegmenter
+from medadv.adapters.art import ARTClassifier, ARTSegmenter, UnsupportedAttackError
 from medadv.models import chexnet, small_cnn, small_unet
 from medadv.tasks import MultiClass, MultiLabel, Segmentation
 
@@ -47,8 +49,7 @@ def test_chexnet_14_labels_all_art_attacks_untargeted_and_targeted():
     assert est.nb_classes == 14
     x = np.random.default_rng(0).random((2, 1, 32, 32), dtype=np.float32)
     logits = torch.from_numpy(est.predict(x))
-    # ART's APGD only attacks samples whose arg-max output equals arg-max y (its internal rule), so the
-    # labels here have the top-scoring finding present; the targets have it absent.
+    # the labels have the top-scoring finding present; the targets have it absent
     y = _np(torch.nn.functional.one_hot(logits.argmax(1), 14).float())
     target = _np(torch.nn.functional.one_hot((logits.argmax(1) + 1) % 14, 14).float())
 
@@ -62,7 +63,6 @@ def test_chexnet_14_labels_all_art_attacks_untargeted_and_targeted():
         "pgd_torch": lambda t: ProjectedGradientDescent(est, num_random_init=0, targeted=t, **kw),
         "pgd_numpy": lambda t: ProjectedGradientDescentNumpy(est, num_random_init=0, targeted=t, **kw),
         "bim": lambda t: BasicIterativeMethod(est, targeted=t, **kw),
-        "apgd": lambda t: AutoProjectedGradientDescent(est, nb_random_init=1, targeted=t, **kw),
     }
     base_u, base_t = loss(x, y), loss(x, target)
     for name, make in attacks.items():
@@ -70,15 +70,12 @@ def test_chexnet_14_labels_all_art_attacks_untargeted_and_targeted():
         xt = make(True).generate(x, y=target)
         _check_box(xa, x, EPS, 0.0, 1.0)
         _check_box(xt, x, EPS, 0.0, 1.0)
-        if name == "apgd":
-            # APGD stops a sample as soon as ART's arg-max test calls it adversarial, which on an untrained
-            # 14-label net happens after its random start; it must still have attacked every sample.
-            assert (np.abs(xa - x).reshape(2, -1).max(1) > 0).all()
-            assert (np.abs(xt - x).reshape(2, -1).max(1) > 0).all()
-            continue
         assert (loss(xa, y) > base_u).all(), name
         assert (loss(xt, target) < base_t).all(), name
     assert all(p.grad is None for p in model.parameters())
+    # ART's APGD only attacks samples whose arg-max output equals the arg-max label: refused when constructed
+    with pytest.raises(UnsupportedAttackError, match="AutoProjectedGradientDescent.*medadv's 'apgd'"):
+        AutoProjectedGradientDescent(est, nb_random_init=1, **kw)
 
 
 # ART's FGM divides label rows by their sum: an all-negative row becomes NaN, which the estimator reads
@@ -242,3 +239,93 @@ def test_estimators_reject_bad_arguments(trained_seg3d, trained_multilabel):
     x_copy = x.copy()
     est.loss_gradient(x, _np(trained_seg3d.y))
     assert np.array_equal(x, x_copy)
+
+
+# --- refusals and safe habits (issue 9) ----------------------------------------------------------------------
+class _Count:
+    def __init__(self, model):
+        self.n = 0
+        self.handle = model.register_forward_hook(lambda *_: setattr(self, "n", self.n + 1))
+
+
+def test_multilabel_generate_without_y_is_refused_before_any_model_call(trained_multilabel):
+    t = trained_multilabel
+    est = ARTClassifier(t.model, t.task, t.x.shape[1:], clip_values=(0.0, 1.0))
+    x = _np(t.x[:4])
+    count = _Count(t.model)
+    for attack in (FastGradientMethod(est, eps=EPS),
+                   ProjectedGradientDescent(est, eps=EPS, eps_step=0.03, max_iter=2, verbose=False)):
+        with pytest.raises(UnsupportedAttackError, match=r"generate\(x\) without y .*y=clf.predict_labels\(x\)"):
+            attack.generate(x)
+    assert count.n == 0
+    count.handle.remove()
+    with pytest.raises(ValueError, match=r"multi-hot of shape \(N, 4\)"):
+        FastGradientMethod(est, eps=EPS).generate(x, y=_np(t.y[:4]).argmax(1))
+    # the multi-hot prediction is the documented replacement, and it attacks every label
+    xa = ProjectedGradientDescent(est, eps=EPS, eps_step=0.03, max_iter=5, verbose=False).generate(
+        x, y=est.predict_labels(x))
+    assert (est.predict_labels(xa) != est.predict_labels(x)).any()
+
+
+@pytest.mark.parametrize("which", ["classifier", "segmenter"])
+def test_inputs_outside_clip_values_are_refused(which, trained_multilabel, trained_seg2d):
+    t = trained_multilabel if which == "classifier" else trained_seg2d
+    make = ARTClassifier if which == "classifier" else ARTSegmenter
+    est = make(t.model, t.task, t.x.shape[1:], clip_values=(0.0, 1.0))
+    x = _np(t.x[:2]) * 255.0  # 8-bit intensities, box in [0, 1]
+    count = _Count(t.model)
+    with pytest.raises(ValueError, match=r"outside the estimator's clip_values \(0, 1\)"):
+        FastGradientMethod(est, eps=EPS).generate(x, y=_np(t.y[:2]))
+    assert count.n == 0
+    count.handle.remove()
+
+
+def test_float64_queries_and_nb_classes(trained_multiclass, trained_seg3d):
+    t = trained_multiclass
+    est = ARTClassifier(t.model, MultiClass(), t.x.shape[1:], clip_values=(0.0, 1.0))
+    x64 = _np(t.x[:2]).astype(np.float64)  # what ART's decision-based attacks query with
+    assert np.allclose(est.predict(x64), _np(t.model(t.x[:2])), atol=1e-5)
+    assert est.loss_gradient(x64, np.eye(4)[_np(t.y[:2])]).dtype == np.float32
+    seg = ARTSegmenter(trained_seg3d.model, trained_seg3d.task, (1, 16, 16, 16), clip_values=(0.0, 1.0))
+    assert seg.nb_classes == 3
+
+
+def test_parameter_settings_with_arg_max_logic_are_refused_when_constructed(trained_multilabel, trained_seg2d,
+                                                                           trained_multiclass):
+    ml = ARTClassifier(trained_multilabel.model, trained_multilabel.task, (1, 16, 16), clip_values=(0.0, 1.0))
+    seg = ARTSegmenter(trained_seg2d.model, trained_seg2d.task, (2, 32, 32), clip_values=(0.0, 1.0))
+    with pytest.raises(UnsupportedAttackError, match=r"ProjectedGradientDescent\(num_random_init=3\) .*arg-max"):
+        ProjectedGradientDescent(ml, eps=EPS, num_random_init=3)
+    with pytest.raises(UnsupportedAttackError, match=r"FastGradientMethod\(minimal=True\)"):
+        FastGradientMethod(ml, eps=EPS, minimal=True)
+    with pytest.raises(UnsupportedAttackError, match=r"SquareAttack\(default adv_criterion/loss\).*margin_loss"):
+        SquareAttack(ml, eps=EPS)
+    with pytest.raises(UnsupportedAttackError, match=r"ProjectedGradientDescent\(num_random_init=1\).*pass "
+                                                     r"num_random_init=0"):
+        ProjectedGradientDescent(seg, eps=EPS, num_random_init=1)
+    # ART's Madry trainer defaults to a random start: the message says what to pass, at construction
+    with pytest.raises(UnsupportedAttackError, match=r"AdversarialTrainerMadryPGD\(num_random_init=1\)"):
+        AdversarialTrainerMadryPGD(seg, eps=EPS, eps_step=0.05, max_iter=2)
+    AdversarialTrainerMadryPGD(seg, eps=EPS, eps_step=0.05, max_iter=2, num_random_init=0)
+    mc = ARTClassifier(trained_multiclass.model, MultiClass(), (1, 16, 16), clip_values=(0.0, 1.0),
+                       optimizer=torch.optim.SGD(trained_multiclass.model.parameters(), lr=0.0))
+    with pytest.raises(UnsupportedAttackError, match=r"AdversarialTrainerFBFPyTorch\(an nn.Sequential model\)"):
+        AdversarialTrainerFBFPyTorch(mc, eps=EPS).fit(_np(trained_multiclass.x[:4]),
+                                                      np.eye(4)[_np(trained_multiclass.y[:4])], nb_epochs=1)
+
+
+def test_label_powerset_view(trained_multilabel):
+    t = trained_multilabel
+    est = ARTClassifier(t.model, t.task, t.x.shape[1:], clip_values=(0.0, 1.0))
+    view = est.label_powerset()
+    assert view.nb_classes == 16
+    labels = _np(t.y[:8])
+    assert np.array_equal(view.decode(view.encode(labels)), labels)
+    x = _np(t.x[:4])
+    assert np.array_equal(view.decode(view.predict(x)), est.predict_labels(x))
+    with pytest.raises(UnsupportedAttackError, match=r"HopSkipJump .* run it on clf.label_powerset\(\)"):
+        HopSkipJump(est)
+    with pytest.raises(UnsupportedAttackError, match="only serves decision-based attacks"):
+        FastGradientMethod(view, eps=EPS).generate(x)
+    with pytest.raises(ValueError, match=r"y=view.encode\(labels\)"):
+        HopSkipJump(view, verbose=False).generate(x, y=labels[:4])

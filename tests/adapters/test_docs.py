@@ -31,3 +31,11 @@ def test_example_runs(index):
     # each example ends by checking its own result (an AssertionError fails the test)
     assert re.search(r"^assert ", _blocks()[index], flags=re.M), "the example must assert what it shows"
     exec(compile(_blocks()[index], f"adapters-example-{index}", "exec"), {"__name__": "__example__"})
+
+
+def test_readme_support_matrix_is_generated_from_the_tables():
+    # the README's matrix is rendered from the adapters' SUPPORT tables (python -m medadv.adapters.support)
+    from medadv.adapters.support import readme_section
+
+    assert readme_section() in (ROOT / "README.md").read_text(), (
+        "README.md's support matrix is stale: run `python -m medadv.adapters.support README.md`")

@@ -11,6 +11,7 @@ from medadv.attacks.autoattack import AutoAttack
 from medadv.attacks.base import get_attack
 from medadv.attacks.fgsm import FGSM
 from medadv.attacks.pgd import PGD
+from medadv.models.io import CheckpointError
 from medadv.tasks import MultiClass, MultiLabel
 from medadv.threats import L2, Linf
 
@@ -158,3 +159,54 @@ def test_autoattack_standard_runs_on_models_with_fewer_than_ten_classes(num_clas
     res = AutoAttack(MultiClass(), threat, version="standard")(model, x, y)
     assert (res.x_adv - x).abs().max() <= 1e-4 + 1e-7
     assert res.x_adv.min() >= 0.0 and res.x_adv.max() <= 1.0
+
+
+# --- checkpoint messages ----------------------------------------------------------------------------------
+def test_zoo_checkpoint_of_another_architecture_is_a_short_message(tmp_path):
+    torch.manual_seed(0)
+    state = mrb.build_zoo_architecture(ZOO).state_dict()
+    keys = list(state)
+    for k in keys[:3]:  # three keys of the architecture missing
+        del state[k]
+    state["head.weight"], state["head.bias"] = torch.zeros(2, 2), torch.zeros(2)  # two it does not have
+    wrong = next(k for k in keys[3:] if k.endswith("conv1.weight"))
+    state[wrong] = torch.zeros(3, 3)  # one of the wrong shape
+    path = tmp_path / "cifar10" / "Linf" / f"{ZOO}.pt"
+    path.parent.mkdir(parents=True)
+    torch.save(state, path)
+    with pytest.raises(CheckpointError) as err:
+        mrb.load_zoo_model(ZOO, tmp_path)
+    msg = str(err.value)
+    lines = msg.splitlines()
+    assert lines[0].startswith(f"RobustBench checkpoint for '{ZOO}' (cifar10/Linf): {path} does not fit RobustBench's "
+                               f"{ZOO} architecture")
+    assert lines[1] == f"3 key(s) of the model missing in the checkpoint: {', '.join(keys[:3])}"
+    assert lines[2] == "2 unexpected key(s) in the checkpoint: head.weight, head.bias"
+    assert lines[3].startswith(f"1 shape mismatch(es): {wrong} (checkpoint (3, 3), model (")
+    assert len(lines) == 4 and "weights_only" not in msg
+    # a checkpoint of an unrelated network: counts and the first few keys only, not torch's list of every key
+    torch.save(nn.Sequential(*[nn.Linear(4, 4) for _ in range(30)]).state_dict(), path)
+    with pytest.raises(CheckpointError) as err:
+        mrb.load_zoo_model(ZOO, tmp_path)
+    msg = str(err.value)
+    n_model = len([k for k in keys if not k.endswith("num_batches_tracked")])  # BatchNorm fills in its counters
+    assert f"{n_model} key(s) of the model missing in the checkpoint: " in msg and f"... and {n_model - 10} more" in msg
+    assert "60 unexpected key(s) in the checkpoint: 0.weight, 0.bias, 1.weight" in msg and "... and 50 more" in msg
+    assert len(msg) < 1500, len(msg)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "text", "empty"])
+def test_corrupt_zoo_checkpoint_names_the_file(tmp_path, damage):
+    path = tmp_path / "cifar10" / "Linf" / f"{ZOO}.pt"
+    path.parent.mkdir(parents=True)
+    if damage == "truncated":
+        torch.save({"w": torch.zeros(1000)}, path)
+        path.write_bytes(path.read_bytes()[:2000])
+    else:
+        path.write_text("" if damage == "empty" else "<html>Google Drive quota exceeded</html>\n")
+    with pytest.raises(CheckpointError) as err:
+        mrb.load_zoo_model(ZOO, tmp_path)
+    msg = str(err.value)
+    assert str(path) in msg and "not a valid PyTorch checkpoint" in msg
+    assert "weights_only=False" not in msg and len(msg.splitlines()) == 1
+    assert err.value.__cause__ is None and err.value.__suppress_context__  # torch's advice is not chained either

@@ -7,10 +7,11 @@ import torch
 import torch.nn.functional as F
 import torchattacks
 
+from medadv.adapters.support import UnsupportedAttackError
 from medadv.adapters.torchattacks import MedadvAttack, TorchattacksModel
 from medadv.attacks.pgd import PGD
 from medadv.models import small_unet
-from medadv.tasks import MultiClass, Segmentation
+from medadv.tasks import MultiClass, MultiLabel, Segmentation
 from medadv.threats import Linf
 
 EPS = 0.1
@@ -196,3 +197,136 @@ def test_medadv_attack_wraps_an_always_targeted_attack(trained_seg2d):
     direct = dag(t.model, t.x, ya)
     assert torch.equal(x_adv, direct.x_adv) and not torch.equal(x_adv, t.x)
     assert dag.targeted and wrapper.targeted is False  # the configured attack itself is never mutated
+
+
+# --- unsafe habits refused, targeted modes on every task (issue 9) ---------------------------------------------
+class _Calls:
+    """Counts the wrapped model's forwards (to show a refusal came before any work)."""
+
+    def __init__(self, model):
+        self.n = 0
+        self.handle = model.register_forward_hook(self)
+
+    def __call__(self, *args):
+        self.n += 1
+
+
+def test_direct_call_on_hu_data_is_refused_with_the_right_call(trained_seg3d, hu):
+    wrap, to_hu, bounds = hu
+    t = trained_seg3d
+    x = to_hu(t.x[:2])
+    w = TorchattacksModel(wrap(t.model), t.task, bounds=bounds)
+    eps = w.unit_eps(100.0)
+    for atk in (torchattacks.PGD(w, eps=eps, alpha=eps / 4, steps=2), torchattacks.FGSM(w, eps=eps)):
+        calls = _Calls(t.model)
+        with pytest.raises(UnsupportedAttackError, match=r"outside \[0, 1\].*call w\.attack\(atk, x, y\), or "
+                                                         r"atk\(w\.encode\(x\), w\.labels\(y\)\)"):
+            atk(x, w.labels(t.y[:2]))  # HU handed straight to torchattacks: it would clamp them to [0, 1]
+        assert calls.n == 0
+        with pytest.raises(UnsupportedAttackError, match=r"torch\.float32 labels.*w\.labels\(y\)"):
+            atk(w.encode(x), t.y[:2].float())
+        # the right calls: both keep HU and ε
+        for x_adv in (w.attack(atk, x, t.y[:2]), w.decode(atk(w.encode(x), w.labels(t.y[:2])), x)):
+            assert (x_adv - x).abs().max() <= 100.0 * (1 + 1e-4) and x_adv.min() < -500
+        calls.handle.remove()
+
+
+def test_direct_calls_that_need_w_attack_are_refused_before_work(trained_multilabel, trained_seg3d):
+    t = trained_multilabel
+    w = TorchattacksModel(t.model, t.task, bounds=(0.0, 1.0))
+    u, lab = w.encode(t.x[:2]), w.labels(t.y[:2])
+    calls = _Calls(t.model)
+    with pytest.raises(UnsupportedAttackError, match=r"torchattacks CW reads one class per sample.*call "
+                                                     r"w\.attack\(atk, x, y\)"):
+        torchattacks.CW(w, steps=2)(u, lab)
+    pgd = torchattacks.PGD(w, eps=0.1, alpha=0.02, steps=2)
+    pgd.set_mode_targeted_random(quiet=True)
+    with pytest.raises(UnsupportedAttackError, match=r"targeted\(random\) mode picks one class per sample.*"
+                                                     r"w\.attack\(atk, x, y\)"):
+        pgd(u, lab)
+    with pytest.raises(UnsupportedAttackError, match=r"eps=0\.0 divides by a zero perturbation norm"):
+        w.attack(torchattacks.PGDL2(w, eps=0.0), t.x[:2], t.y[:2])  # torchattacks would return NaN
+    with pytest.raises(UnsupportedAttackError, match=r"torchattacks Jitter does not apply to a multi-label model"):
+        w.attack(torchattacks.MultiAttack([torchattacks.PGD(w), torchattacks.Jitter(w)]), t.x[:2], t.y[:2])
+    assert calls.n == 0
+    calls.handle.remove()
+    s = trained_seg3d
+    ws = TorchattacksModel(s.model, s.task, bounds=(0.0, 1.0))
+    calls = _Calls(s.model)
+    with pytest.raises(UnsupportedAttackError, match=r"PGDL2 reshapes per-sample norms .* one volume at a time"):
+        torchattacks.PGDL2(ws, eps=1.0, steps=2)(ws.encode(s.x[:2]), ws.labels(s.y[:2]))  # would crash inside
+    assert calls.n == 0
+    calls.handle.remove()
+    x_adv = ws.attack(torchattacks.PGDL2(ws, eps=2.0, alpha=0.5, steps=3), s.x[:2], s.y[:2])
+    assert ((x_adv - s.x[:2]).flatten(1).norm(dim=1) <= 2.0 + 1e-4).all()
+
+
+@pytest.mark.parametrize("mode", ["random", "least_likely", "function"])
+def test_targeted_modes_per_label_and_voxel(trained_multilabel, trained_seg2d, trained_multiclass, mode):
+    for t in (trained_multilabel, trained_seg2d, trained_multiclass):
+        x, y = t.x[:4], t.y[:4]
+        w = TorchattacksModel(t.model, t.task, bounds=(0.0, 1.0))
+        atk = torchattacks.PGD(w, eps=0.3, alpha=0.05, steps=10)
+        if mode == "random":
+            atk.set_mode_targeted_random(quiet=True)
+        elif mode == "least_likely":
+            atk.set_mode_targeted_least_likely(quiet=True)
+        else:
+            atk.set_mode_targeted_by_function(lambda u, lab: 1 - lab if lab.ndim == 2 else (lab + 1) % 3, quiet=True)
+        torch.manual_seed(0)
+        x_adv = w.attack(atk, x, y)
+        assert atk.attack_mode.startswith("targeted(") and atk.attack_mode != "targeted(label)"  # mode kept
+        with torch.no_grad():
+            clean, adv = t.model(x), t.model(x_adv)
+        if isinstance(t.task, MultiClass):
+            assert ((adv.argmax(1) != y).float().mean() > 0.7) and ((clean.argmax(1) == y).all())
+            continue
+        # every label / voxel was driven away from its label: towards another class of its own
+        before = t.task.element_correct(clean, y).float().mean()
+        after = t.task.element_correct(adv, y).float().mean()
+        assert after < before - 0.3, (mode, float(before), float(after))
+        if isinstance(t.task, MultiLabel) and mode != "function":
+            # a label's only other class is its flip: random and least-likely both target 1 - y
+            assert t.task.element_correct(adv, 1 - y).float().mean() > 0.6
+
+
+def test_margin_view_targeted_and_untargeted_follow_the_task(trained_multilabel):
+    t = trained_multilabel
+    x, y = t.x[:4], t.y[:4]
+    w = TorchattacksModel(t.model, t.task, bounds=(0.0, 1.0))
+    # DeepFool stops exactly when the task says "fooled" (a label flipped): minimal, one label per sample
+    x_adv = w.attack(torchattacks.DeepFool(w, steps=20, overshoot=0.02), x, y)
+    with torch.no_grad():
+        fooled = t.task.fooled(t.model(x_adv), y)
+        flipped = (~t.task.element_correct(t.model(x_adv), y)).sum(1)
+    assert fooled.all() and (flipped == 1).float().mean() >= 0.75
+    # targeted CW: every label of the target reached, which is the task's targeted success
+    cw = torchattacks.CW(w, c=20.0, steps=60, lr=0.05)
+    cw.set_mode_targeted_by_label(quiet=True)
+    target = y.clone()
+    target[:, 0] = 1 - target[:, 0]
+    x_t = w.attack(cw, x, target)
+    with torch.no_grad():
+        assert t.task.fooled(t.model(x_t), target, targeted=True).float().mean() >= 0.75
+
+
+def test_lgv_runs_and_its_trainloader_must_be_in_the_wrappers_form(trained_multilabel, hu):
+    wrap, to_hu, bounds = hu
+    t = trained_multilabel
+    model, x = wrap(t.model), to_hu(t.x)
+    w = TorchattacksModel(model, t.task, bounds=bounds)
+    eps = w.unit_eps(0.1 * (bounds[1] - bounds[0]))
+    raw = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, t.y), batch_size=8)  # HU, float labels
+    with pytest.raises(UnsupportedAttackError, match=r"LGV trains on its trainloader .* \(w\.encode\(x\), "
+                                                     r"w\.labels\(y\)\)"):
+        w.attack(torchattacks.LGV(w, raw, epochs=1, nb_models_epoch=1, verbose=False, eps=eps), x[:4], t.y[:4])
+    good = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(w.encode(x), w.labels(t.y)), batch_size=8)
+    torch.manual_seed(0)
+    lgv = torchattacks.LGV(w, good, lr=0.01, epochs=1, nb_models_epoch=2, verbose=False, eps=eps, alpha=eps / 4,
+                           steps=5)
+    x_adv = w.attack(lgv, x[:8], t.y[:8])  # LGV attacks a copy of w: accepted
+    assert (x_adv - x[:8]).abs().max() <= 0.1 * (bounds[1] - bounds[0]) * (1 + 1e-5)
+    with torch.no_grad():
+        clean = t.task.metrics(model(x[:8]), t.y[:8])["label_accuracy"].mean()
+        adv = t.task.metrics(model(x_adv), t.y[:8])["label_accuracy"].mean()
+    assert adv < clean - 0.15

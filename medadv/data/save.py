@@ -1,0 +1,226 @@
+"""Save adversarial examples as image files a viewer opens, and read them back the way they were stored.
+
+:func:`save_example` writes one sample ``(C, *spatial)`` in data units:
+
+* **3-D** -> NIfTI (``.nii.gz``) with the input's affine (voxel spacing, orientation, origin as MONAI's
+  loaders left them after the transforms). An input read from an integer file (``uint8``, ``int16``, ...,
+  known from the MONAI metadata) is stored in that integer type, with the NIfTI scaling
+  (``scl_slope``/``scl_inter``) mapping the data box onto the type's full range; a float input, or an
+  unbounded box, is stored as float32 (no rounding).
+* **2-D, 1 or 3 channels, bounded data** -> PNG: the data box mapped onto ``[0, 255]`` (8-bit, for inputs
+  read from 8-bit files and for RGB) or ``[0, 65535]`` (16-bit, grey levels of any other input); an image
+  loaded by MONAI (width first) is written back in its file's orientation.
+* **anything else** (unbounded 2-D data, 2 or 4+ channels, 1-D, 4-D) -> ``.npy`` in the input's dtype
+  (lossless).
+
+:func:`load_example` reads a file written here back to data units, so that a caller can re-predict it and
+see whether the attack survives the quantisation of the file format.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..threats import Box
+
+__all__ = ["save_example", "load_example", "original_dtype", "choose_format", "case_stem", "safe_name", "EXTENSIONS"]
+
+#: file suffix of each format
+EXTENSIONS = {"nifti": ".nii.gz", "png": ".png", "npy": ".npy"}
+#: suffixes removed from a case identifier (a file name) to name its adversarial file
+_KNOWN_SUFFIXES = (".nii.gz", ".nii", ".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".dcm", ".npy", ".npz",
+                   ".mha", ".mhd", ".nrrd", ".gz")
+#: PIL modes of MONAI's PILReader metadata (``meta["mode"]``) -> stored dtype
+_PIL_DTYPES = {"1": np.uint8, "L": np.uint8, "P": np.uint8, "RGB": np.uint8, "RGBA": np.uint8, "LA": np.uint8,
+               "I;16": np.uint16, "I;16B": np.uint16, "I;16L": np.uint16, "I": np.int32, "F": np.float32}
+
+
+def safe_name(text: str) -> str:
+    """``text`` as one file or folder name: characters other than letters, digits and ``._@+=-`` replaced."""
+    name = re.sub(r"[^A-Za-z0-9._@+=-]+", "_", str(text)).strip("._")
+    return name or "case"
+
+
+def case_stem(case_id: str) -> str:
+    """A file-name stem for a case: its identifier without folders or image suffixes, unsafe characters
+    replaced (``"sub-01/T1w.nii.gz"`` -> ``"T1w"``)."""
+    name = str(case_id).replace("\\", "/").rsplit("/", 1)[-1]
+    for suffix in _KNOWN_SUFFIXES:
+        if name.lower().endswith(suffix) and len(name) > len(suffix):
+            name = name[: -len(suffix)]
+            break
+    return safe_name(name)
+
+
+def _item(value: Any, i: int) -> Any:
+    """Sample ``i`` of a collated metadata entry (a tensor or list with one entry per sample, or a scalar)."""
+    if isinstance(value, Tensor):
+        return value[i].tolist() if value.ndim >= 1 else value.item()
+    if isinstance(value, np.ndarray):
+        return value[i].tolist() if value.ndim >= 1 else value.item()
+    if isinstance(value, list | tuple):
+        return value[i] if len(value) > i else None
+    return value
+
+
+def _dicom_int(meta: Mapping[str, Any], keys: tuple[str, ...], i: int) -> int | None:
+    for k in keys:
+        if k in meta:
+            v = _item(meta[k], i)
+            if isinstance(v, Mapping):  # pydicom's JSON form {"vr": "US", "Value": [16]}
+                v = (v.get("Value") or [None])[0]
+            try:
+                return int(v)
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
+def original_dtype(meta: Mapping[str, Any] | None, i: int = 0) -> np.dtype | None:
+    """The dtype sample ``i`` had in its file, from MONAI's (collated) image metadata; ``None`` if unknown.
+
+    NIfTI: the header's ``datatype`` code; PNG/JPEG (PILReader): the PIL ``mode``; DICOM: Bits Allocated
+    (0028,0100) with Pixel Representation (0028,0103), as PydicomReader or ITKReader store them.
+    """
+    if not meta:
+        return None
+    try:
+        if "datatype" in meta:  # NIfTI header (NibabelReader)
+            import nibabel as nib
+
+            code = _item(meta["datatype"], i)
+            found: Any = nib.nifti1.data_type_codes.dtype[int(code)]
+            return np.dtype(found)
+        if "mode" in meta:  # PILReader
+            mode = _item(meta["mode"], i)
+            return np.dtype(_PIL_DTYPES[mode]) if mode in _PIL_DTYPES else None
+    except (KeyError, TypeError, ValueError):
+        return None
+    bits = _dicom_int(meta, ("00280100", "0028|0100"), i)
+    if bits in (8, 16, 32):
+        signed = _dicom_int(meta, ("00280103", "0028|0103"), i) == 1
+        return np.dtype(f"{'i' if signed else 'u'}{bits // 8}")
+    return None
+
+
+def _channel_range(box: Box, x: Tensor) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per-channel ``(lo, hi)`` of the data box for one sample ``x`` ``(C, *spatial)`` (None: unbounded or
+    not finite)."""
+    if not box.bounded:
+        return None
+    lo, hi = box.lohi(x.unsqueeze(0))
+    shape = (1, *x.shape)
+    lo_c = torch.broadcast_to(lo, shape)[0].reshape(x.shape[0], -1).amin(dim=1)
+    hi_c = torch.broadcast_to(hi, shape)[0].reshape(x.shape[0], -1).amax(dim=1)
+    lo_n, hi_n = lo_c.double().cpu().numpy(), hi_c.double().cpu().numpy()
+    if not (np.isfinite(lo_n).all() and np.isfinite(hi_n).all()):
+        return None
+    return lo_n, hi_n
+
+
+def choose_format(x: Tensor, box: Box, dtype: np.dtype | None = None) -> tuple[str, int | None]:
+    """``(format, bits)`` for one sample ``(C, *spatial)``: ``("nifti", None)``, ``("png", 8 | 16)`` or
+    ``("npy", None)`` (see the module docstring)."""
+    spatial, channels = x.ndim - 1, x.shape[0]
+    if spatial == 3:
+        return "nifti", None
+    if spatial == 2 and channels in (1, 3) and _channel_range(box, x) is not None:
+        eight = channels == 3 or (dtype is not None and dtype.kind in "iub" and dtype.itemsize == 1)
+        return "png", 8 if eight else 16
+    return "npy", None
+
+
+def save_example(x: Tensor, stem: str | Path, *, box: Box, affine: Tensor | np.ndarray | None = None,
+                 dtype: np.dtype | None = None, width_first: bool = False) -> Path:
+    """Write one sample ``x`` ``(C, *spatial)`` (data units) to ``stem`` + the format's suffix; returns the path.
+
+    Args:
+        x: the sample; not modified.
+        stem: the path without suffix (its folder is created).
+        box: the data box: PNG and integer NIfTI map it onto the file's integer range.
+        affine: the 4x4 voxel-to-world matrix of a 3-D sample (identity when None).
+        dtype: the dtype of the file the sample was read from (:func:`original_dtype`), None if unknown.
+        width_first: a 2-D sample in MONAI's layout (``(C, W, H)``, as ``LoadImage`` reads PNGs): written
+            transposed so the PNG has the orientation of the file it came from.
+    """
+    fmt, bits = choose_format(x, box, dtype)
+    path = Path(str(stem) + EXTENSIONS[fmt])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arr = x.detach().cpu()
+    if fmt == "npy":
+        np.save(path, arr.numpy())
+        return path
+    rng = _channel_range(box, arr)
+    if fmt == "png":
+        from PIL import Image
+
+        assert rng is not None and bits is not None
+        top = (1 << bits) - 1
+        lo, hi = (torch.from_numpy(v).reshape(-1, 1, 1) for v in rng)
+        levels = ((arr.double() - lo) / (hi - lo)).clamp(0, 1).mul(top).round()
+        img = levels.numpy().astype(np.uint8 if bits == 8 else np.uint16)
+        if width_first:
+            img = img.transpose(0, 2, 1)
+        img = img[0] if img.shape[0] == 1 else img.transpose(1, 2, 0)
+        Image.fromarray(img).save(path)
+        return path
+    import nibabel as nib
+
+    vol = arr.numpy()
+    vol = vol[0] if vol.shape[0] == 1 else np.moveaxis(vol, 0, -1)  # channels as the 4th NIfTI axis
+    aff = np.eye(4) if affine is None else np.asarray(affine.detach().cpu() if isinstance(affine, Tensor)
+                                                       else affine, dtype=np.float64)
+    if dtype is not None and dtype.kind in "iu" and rng is not None:
+        info = np.iinfo(dtype)
+        lo_v, hi_v = float(rng[0].min()), float(rng[1].max())
+        slope = (hi_v - lo_v) / (float(info.max) - float(info.min))
+        inter = lo_v - float(info.min) * slope
+        raw = np.clip(np.rint((vol.astype(np.float64) - inter) / slope), info.min, info.max).astype(dtype)
+        nii = nib.Nifti1Image(raw, aff)
+        nii.header.set_slope_inter(slope, inter)
+    else:
+        nii = nib.Nifti1Image(vol.astype(np.float64 if vol.dtype == np.float64 else np.float32), aff)
+    nii.header.set_xyzt_units("mm")
+    nib.save(nii, path)
+    return path
+
+
+def load_example(path: str | Path, *, box: Box, like: Tensor, width_first: bool = False) -> Tensor:
+    """A file written by :func:`save_example`, back in data units, shaped and typed like ``like``
+    ``(C, *spatial)`` (on ``like``'s device)."""
+    p = Path(path)
+    name = p.name.lower()
+    if name.endswith(".npy"):
+        arr = np.load(p)
+    elif name.endswith(".png"):
+        from PIL import Image
+
+        with Image.open(p) as im:
+            img = np.asarray(im)
+        top = 255.0 if img.dtype == np.uint8 else 65535.0
+        img = img[None] if img.ndim == 2 else img.transpose(2, 0, 1)
+        if width_first:
+            img = img.transpose(0, 2, 1)
+        rng = _channel_range(box, like.detach().cpu())
+        assert rng is not None, "a PNG is written only for bounded data"
+        lo, hi = (v.reshape(-1, 1, 1) for v in rng)
+        arr = img.astype(np.float64) / top * (hi - lo) + lo
+    elif name.endswith((".nii", ".nii.gz")):
+        import nibabel as nib
+
+        loaded: Any = nib.load(p)
+        vol = np.asanyarray(loaded.dataobj)  # applies scl_slope / scl_inter
+        arr = vol[None] if vol.ndim == like.ndim - 1 else np.moveaxis(vol, -1, 0)
+    else:
+        raise ValueError(f"not a file written by medadv.data.save: {p}")
+    out = torch.from_numpy(np.ascontiguousarray(arr)).to(device=like.device, dtype=like.dtype)
+    if tuple(out.shape) != tuple(like.shape):
+        raise ValueError(f"{p} holds shape {tuple(out.shape)}, expected {tuple(like.shape)}")
+    return box.clip(out.unsqueeze(0))[0]

@@ -1,0 +1,466 @@
+"""Case figures: what an attack did to a few single images or volumes.
+
+A :class:`Case` holds one sample before and after an attack (input, perturbation, predictions). Its figure
+(:func:`plot_case`) shows, left to right, the **image**, the **amplified perturbation** (``x' − x`` with
+the colour range stretched to its largest magnitude, so a perturbation of 1/255 is visible), the **clean
+prediction** and the **attacked prediction**:
+
+- classification (multi-class or multi-label): the predicted probabilities as bars, true classes marked;
+- 2-D segmentation: the label maps over the image (and the ground truth when known);
+- 3-D segmentation or any 3-D input: three rows, the three orthogonal slices through the *most-changed
+  voxel* (:func:`most_changed_voxel`), with a crosshair on it.
+
+Build cases with :func:`select_cases` (runs one attack and picks the samples it changed most) or
+:func:`make_cases` (from tensors you already have), then pass them to
+:func:`medadv.report.html.write_html_report` (``cases=``) or call :func:`plot_case` yourself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..tasks import MultiClass, MultiLabel, Segmentation, Task
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from ..attacks.base import Attack
+
+__all__ = ["Case", "SaliencyPair", "make_cases", "select_cases", "most_changed_voxel", "plot_case"]
+
+#: colours of segmentation classes 1, 2, ... (background is left transparent); colour-blind-safe (Okabe-Ito)
+SEG_COLOURS = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000")
+
+
+@dataclass
+class Case:
+    """One sample before and after an attack.
+
+    Attributes:
+        x, x_adv: clean and attacked input ``(C, *spatial)`` (2-D or 3-D spatial).
+        clean, adv: hard predictions: a class index ``()``, a 0/1 label vector ``(L,)`` or a label map
+            ``(*spatial)``.
+        kind: ``"multiclass"``, ``"multilabel"`` or ``"segmentation"``.
+        label: ground truth shaped like ``clean`` (optional).
+        clean_scores, adv_scores: class probabilities ``(K,)`` (classification; optional).
+        class_names: names of the classes or labels (default ``0, 1, ...``).
+        title: shown above the figure (e.g. ``"sample 3 · PGD ε=0.063"``).
+        note: one line under the title (e.g. the metrics before and after).
+        axis_names: names of the three axes of a volume (e.g. ``("sagittal", "coronal", "axial")`` for
+            RAS-ordered arrays); the slice *through* axis ``i`` is labelled ``axis_names[i]``.
+    """
+
+    x: Tensor
+    x_adv: Tensor
+    clean: Tensor
+    adv: Tensor
+    kind: str
+    label: Tensor | None = None
+    clean_scores: Tensor | None = None
+    adv_scores: Tensor | None = None
+    class_names: Sequence[str] | None = None
+    title: str = ""
+    note: str = ""
+    axis_names: Sequence[str] = ("axis 0", "axis 1", "axis 2")
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("multiclass", "multilabel", "segmentation"):
+            raise ValueError(f"`kind` must be 'multiclass', 'multilabel' or 'segmentation', got {self.kind!r}")
+        if self.x.shape != self.x_adv.shape:
+            raise ValueError(f"`x` {tuple(self.x.shape)} and `x_adv` {tuple(self.x_adv.shape)} differ in shape")
+        if self.x.ndim not in (3, 4):
+            raise ValueError(f"`x` must be one sample (C, H, W) or (C, D, H, W), got shape {tuple(self.x.shape)}")
+        if self.kind == "segmentation" and tuple(self.clean.shape) != tuple(self.x.shape[1:]):
+            raise ValueError(f"a segmentation case needs label maps shaped like the image {tuple(self.x.shape[1:])}, "
+                             f"got {tuple(self.clean.shape)}")
+        for name in ("x", "x_adv", "clean", "adv", "label", "clean_scores", "adv_scores"):
+            v = getattr(self, name)
+            if v is not None:
+                setattr(self, name, v.detach().cpu())
+
+    @property
+    def delta(self) -> Tensor:
+        return (self.x_adv.double() - self.x.double()).float()
+
+    @property
+    def volumetric(self) -> bool:
+        return self.x.ndim == 4
+
+    def names(self, k: int) -> list[str]:
+        return list(self.class_names) if self.class_names is not None and len(self.class_names) >= k \
+            else [str(i) for i in range(k)]
+
+
+@dataclass
+class SaliencyPair:
+    """Explanation maps before and after an explanation attack, drawn with
+    :func:`medadv.report.saliency_figures.plot_saliency_attack` (one row per sample).
+
+    ``map_clean`` / ``map_adv`` are ``(N, *spatial)``, e.g. ``result.extras["map"]`` and ``["map_adv"]`` of a
+    saliency attack; ``from_result`` takes them from an :class:`~medadv.attacks.base.AttackResult`.
+    """
+
+    x: Tensor
+    x_adv: Tensor
+    map_clean: Tensor
+    map_adv: Tensor
+    target_map: Tensor | None = None
+    title: str = ""
+    row_titles: Sequence[str] | None = None
+    rows: Sequence[int] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_result(cls, x: Tensor, result: Any, title: str = "", **kw: Any) -> SaliencyPair:
+        ex = result.extras
+        if "map" not in ex or "map_adv" not in ex:
+            raise ValueError("the attack result has no explanation maps (`map`, `map_adv`): is it a saliency attack?")
+        return cls(x, result.x_adv, ex["map"], ex["map_adv"], target_map=ex.get("target_map"), title=title, **kw)
+
+    def figure(self) -> Figure:
+        from .saliency_figures import plot_saliency_attack
+
+        return plot_saliency_attack(self.x, self.x_adv, self.map_clean, self.map_adv, rows=self.rows,
+                                    target_map=self.target_map, row_titles=self.row_titles, title=self.title or None)
+
+
+# --- building cases ----------------------------------------------------------------------------------------------
+def _kind(task: Task) -> str:
+    if isinstance(task, MultiClass):
+        return "multiclass"
+    if isinstance(task, MultiLabel):
+        return "multilabel"
+    if isinstance(task, Segmentation):
+        return "segmentation"
+    raise TypeError(f"cases support MultiClass, MultiLabel and Segmentation tasks, got {task!r}")
+
+
+def _change(task: Task, cp: Tensor, ap: Tensor, x: Tensor, x_adv: Tensor) -> Tensor:
+    """Per-sample amount of change: fraction of changed labels/voxels (a class flip counts 1), then the
+    perturbation's L2 norm as a tie-break (scaled far below one changed element)."""
+    if isinstance(task, MultiClass):
+        frac = (cp != ap).double()
+    else:
+        frac = (cp != ap).flatten(1).double().mean(1)
+    norm = (x_adv - x).flatten(1).double().norm(dim=1)
+    return frac + 1e-9 * norm / (1.0 + norm.max())
+
+
+def _metric_note(task: Task, y: Tensor | None, cp: Tensor, ap: Tensor, i: int) -> str:
+    if y is None:
+        return ""
+    if isinstance(task, MultiClass):
+        ok = lambda p: "correct" if int(p[i]) == int(y[i]) else "wrong"  # noqa: E731
+        return f"clean: {ok(cp)} → attacked: {ok(ap)}"
+    if isinstance(task, MultiLabel):
+        acc = lambda p: float((p[i] == y[i]).double().mean())  # noqa: E731
+        return f"label accuracy {acc(cp):.2f} → {acc(ap):.2f}"
+    assert isinstance(task, Segmentation)
+    yi = y[i : i + 1]
+    onehot = lambda p: F.one_hot(p[i : i + 1].long(), task.num_classes).movedim(-1, 1).double() * 1e3  # noqa: E731
+    dc = task.metrics(onehot(cp), yi)["mean_dice"]
+    da = task.metrics(onehot(ap), yi)["mean_dice"]
+    changed = float((cp[i] != ap[i]).double().mean())
+    return f"mean Dice {float(dc[0]):.3f} → {float(da[0]):.3f} · {100 * changed:.1f}% of voxels changed"
+
+
+def make_cases(
+    task: Task,
+    x: Tensor,
+    x_adv: Tensor,
+    clean_logits: Tensor,
+    adv_logits: Tensor,
+    y: Tensor | None = None,
+    *,
+    indices: Sequence[int] | None = None,
+    k: int = 3,
+    class_names: Sequence[str] | None = None,
+    title: str = "",
+    axis_names: Sequence[str] | None = None,
+) -> list[Case]:
+    """Cases from tensors already computed (a batch ``x`` and its attacked version ``x_adv``).
+
+    Args:
+        task: how to read the logits.
+        x, x_adv: ``(N, C, *spatial)``.
+        clean_logits, adv_logits: the model's outputs on ``x`` and ``x_adv``.
+        y: labels (optional; shown as ground truth and used for the metric line).
+        indices: which samples; default the ``k`` the attack changed most (fraction of changed
+            labels/voxels, then the perturbation norm).
+        k: how many cases when ``indices`` is not given.
+        class_names: names of the classes/labels.
+        title: prefix of each case's title (e.g. the attack and budget).
+        axis_names: names of a volume's three axes (see :class:`Case`).
+    """
+    if x.shape != x_adv.shape:
+        raise ValueError(f"`x` {tuple(x.shape)} and `x_adv` {tuple(x_adv.shape)} differ in shape")
+    kind = _kind(task)
+    x, x_adv = x.detach().cpu(), x_adv.detach().cpu()
+    clean_logits, adv_logits = clean_logits.detach().cpu().float(), adv_logits.detach().cpu().float()
+    y = None if y is None else y.detach().cpu()
+    cp, ap = task.predict(clean_logits), task.predict(adv_logits)
+    if indices is None:
+        order = torch.argsort(_change(task, cp, ap, x, x_adv), descending=True, stable=True)
+        indices = order[: max(0, min(k, x.shape[0]))].tolist()
+    scores: tuple[Tensor | None, Tensor | None] = (None, None)
+    if kind == "multiclass":
+        scores = (clean_logits.softmax(1), adv_logits.softmax(1))
+    elif kind == "multilabel":
+        scores = (clean_logits.sigmoid(), adv_logits.sigmoid())
+    cases = []
+    for i in indices:
+        i = int(i)
+        head = f"sample {i}" if not title else f"{title} · sample {i}"
+        cases.append(Case(
+            x[i], x_adv[i], cp[i], ap[i], kind, label=None if y is None else y[i],
+            clean_scores=None if scores[0] is None else scores[0][i],
+            adv_scores=None if scores[1] is None else scores[1][i],
+            class_names=class_names, title=head, note=_metric_note(task, y, cp, ap, i),
+            axis_names=tuple(axis_names) if axis_names is not None else ("axis 0", "axis 1", "axis 2"),
+        ))
+    return cases
+
+
+def select_cases(
+    model: nn.Module,
+    task: Task,
+    x: Tensor,
+    y: Tensor,
+    attack: Attack,
+    *,
+    k: int = 3,
+    class_names: Sequence[str] | None = None,
+    title: str | None = None,
+    axis_names: Sequence[str] | None = None,
+) -> list[Case]:
+    """Attack the batch ``(x, y)`` once and return the ``k`` samples the attack changed most.
+
+    The title of each case names the attack and its budget (``attack.name``, ``attack.budget``).
+    """
+    from ..runtime import attack_mode, forward_tensor, model_device
+
+    device = model_device(model)
+    xd, yd = x.to(device), y.to(device)
+    with attack_mode(model), torch.no_grad():
+        clean_logits = forward_tensor(model, xd)
+    res = attack(model, xd, yd)
+    if title is None:
+        title = attack.name if attack.budget is None else f"{attack.name} ε={attack.budget:.4g}"
+    return make_cases(task, x, res.x_adv, clean_logits, res.logits, y, k=k, class_names=class_names, title=title,
+                      axis_names=axis_names)
+
+
+# --- the most-changed voxel --------------------------------------------------------------------------------------
+def most_changed_voxel(case: Case) -> tuple[int, ...]:
+    """The spatial index the 3-D figure slices through.
+
+    For segmentation, the centre of the densest patch of changed predictions: the changed-voxel map is
+    smoothed with a Gaussian (σ = 1.5 voxels, zeros outside the volume), so a changed region beats an isolated
+    flipped voxel and its centre beats its rim. The voxel is sought at least 1/8 of the size away from the
+    crop border when the smoothed change reaches there (the padded border is where a model's output is
+    least reliable, and a border slice shows little). When no prediction changed (or for classification),
+    the same on the perturbation's magnitude summed over channels. Ties go to the first index in C order.
+    """
+    spatial = tuple(case.x.shape[1:])
+    change = torch.zeros(spatial, dtype=torch.float64)
+    if case.kind == "segmentation":
+        change = (case.clean != case.adv).double()
+    if not bool(change.any()):
+        change = case.delta.double().abs().sum(0)
+    r = 3
+    g = torch.exp(-torch.arange(-r, r + 1, dtype=torch.float64) ** 2 / (2 * 1.5**2))
+    density = change[None, None]
+    for axis in range(len(spatial)):  # separable blur, zero padding
+        shape = [1, 1] + [1] * len(spatial)
+        shape[2 + axis] = 2 * r + 1
+        pad = [0] * len(spatial)
+        pad[axis] = r
+        conv = F.conv3d if len(spatial) == 3 else F.conv2d
+        density = conv(density, g.reshape(shape), padding=tuple(pad))
+    density = density[0, 0]
+    # keep away from the crop border when the change reaches inside: a model's output is least reliable at
+    # the padded border, and a slice along the border face shows little of the volume
+    inner = tuple(slice(n // 8, n - n // 8) for n in spatial)
+    if bool(density[inner].gt(0).any()):
+        masked = torch.full_like(density, -1.0)
+        masked[inner] = density[inner]
+        density = masked
+    flat = int(torch.argmax(density.reshape(-1)))
+    return tuple(int(v) for v in torch.unravel_index(torch.tensor(flat), spatial))
+
+
+# --- figures -----------------------------------------------------------------------------------------------------
+def _display(img: Tensor) -> tuple[Tensor, dict[str, Any]]:
+    """An image to show: RGB for 3 channels, else channel 0 in grey, scaled to its own percentiles."""
+    img = img.float()
+    if img.shape[0] == 3:
+        lo, hi = float(img.min()), float(img.max())
+        return ((img - lo) / max(hi - lo, 1e-12)).clamp(0, 1).permute(1, 2, 0), {}
+    g = img[0]
+    lo, hi = float(torch.quantile(g.flatten(), 0.01)), float(torch.quantile(g.flatten(), 0.99))
+    return g, dict(cmap="gray", vmin=lo, vmax=hi if hi > lo else lo + 1e-6)
+
+
+def _delta_plane(delta: Tensor) -> Tensor:
+    """The perturbation shown: the channel mean for RGB, else channel 0 (the channel the image shows)."""
+    return delta.mean(0) if delta.shape[0] == 3 else delta[0]
+
+
+def _seg_overlay(ax: Axes, img: Tensor, img_kw: dict[str, Any], labels: Tensor, ncls: int, **imshow: Any) -> None:
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+
+    ax.imshow(img.numpy(), **img_kw, **imshow)
+    colours = ["#00000000"] + [SEG_COLOURS[(j - 1) % len(SEG_COLOURS)] for j in range(1, max(ncls, 2))]
+    lab = labels.numpy().astype(np.float64)
+    masked = np.ma.masked_where(lab == 0, lab)
+    ax.imshow(masked, cmap=ListedColormap(colours), vmin=-0.5, vmax=len(colours) - 0.5, alpha=0.55,
+              interpolation="nearest", **imshow)
+
+
+def _prob_bars(ax: Axes, case: Case, scores: Tensor | None, pred: Tensor, title: str) -> None:
+    k = int(scores.numel()) if scores is not None else (int(pred.numel()) if case.kind == "multilabel"
+                                                       else int(case.label.max()) + 1 if case.label is not None
+                                                       else int(pred) + 1)
+    names = case.names(k)
+    if scores is None:  # hard predictions only
+        scores = pred.double() if case.kind == "multilabel" else F.one_hot(pred.long(), k).double()
+    vals = scores.double().tolist()
+    truth: set[int] = set()
+    if case.label is not None:
+        truth = {int(case.label)} if case.kind == "multiclass" else \
+            {j for j, v in enumerate(case.label.tolist()) if v >= 0.5}
+    shown = list(range(k))
+    if k > 12:  # many classes: the largest scores and the true classes
+        top = sorted(range(k), key=lambda j: -vals[j])[:10]
+        shown = sorted(set(top) | truth)
+    ys = list(range(len(shown)))[::-1]
+    colours = ["#0072B2" if j in truth else "#999999" for j in shown]
+    ax.barh(ys, [vals[j] for j in shown], color=colours, height=0.7)
+    ax.set_yticks(ys)
+    ax.set_yticklabels([names[j] + (" ✓" if j in truth else "") for j in shown], fontsize=7)
+    ax.set_xlim(0, 1)
+    ax.tick_params(axis="x", labelsize=7)
+    if case.kind == "multilabel":
+        ax.axvline(0.5, color="#D55E00", lw=0.8, ls="--")
+        pos = ", ".join(names[j] for j in range(k) if float(pred[j]) >= 0.5) or "none"
+        ax.set_title(f"{title}\npositive: {pos}", fontsize=8)
+    else:
+        ax.set_title(f"{title}\n→ {names[int(pred)]}", fontsize=8)
+    ax.set_xlabel("probability", fontsize=7)
+
+
+def _off(ax: Axes) -> None:
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def plot_case(case: Case, path: str | Path | None = None, *, dpi: int = 110) -> Figure:
+    """The figure of one case (see the module docstring for its panels). Returns the matplotlib Figure;
+    saves a PNG to ``path`` when given."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    delta = case.delta
+    lim = float(delta.abs().max()) or 1e-12
+    seg = case.kind == "segmentation"
+    ncls = 0
+    if seg:
+        ncls = int(max(int(case.clean.max()), int(case.adv.max()),
+                       int(case.label.max()) if case.label is not None else 0)) + 1
+        ncls = max(ncls, len(case.class_names or ()))
+    gt = seg and case.label is not None
+    ncol = 4 + int(gt)
+    delta_kw = dict(cmap="RdBu_r", vmin=-lim, vmax=lim)
+    pert_title = f"perturbation, amplified\n(colour range ±{lim:.3g})"
+
+    if case.volumetric:
+        centre = most_changed_voxel(case)
+        fig, axes = plt.subplots(3, ncol, figsize=(2.35 * ncol, 2.35 * 3 + 0.9), squeeze=False)
+        for r in range(3):
+            idx: list[Any] = [slice(None)] * 3
+            idx[r] = centre[r]
+            rest = [a for a in range(3) if a != r]
+            # (first remaining axis, second) shown with the second axis vertical, origin at the bottom:
+            # RAS-ordered volumes then appear upright
+            plane = lambda t, idx=tuple(idx): t[idx].T  # noqa: E731
+            cross = (centre[rest[0]], centre[rest[1]])
+            img, img_kw = _display(case.x[(slice(None), *idx)])
+            img = img.T if img.ndim == 2 else img.permute(1, 0, 2)
+            panels = [("image", None), (pert_title, None), ("clean prediction", case.clean),
+                      ("attacked prediction", case.adv)] + ([("ground truth", case.label)] if gt else [])
+            for c, (name, lab) in enumerate(panels):
+                ax = axes[r][c]
+                if c == 0:
+                    ax.imshow(img.numpy(), origin="lower", **img_kw)
+                elif c == 1:
+                    ax.imshow(plane(_delta_plane(delta)).numpy(), origin="lower", **delta_kw)
+                elif seg:
+                    assert lab is not None
+                    _seg_overlay(ax, img, img_kw, plane(lab), ncls, origin="lower")
+                else:  # classification of a volume: the image slice again, the prediction in the title
+                    ax.imshow(img.numpy(), origin="lower", **img_kw)
+                ax.axvline(cross[0], color="#F0E442", lw=0.6, alpha=0.8)
+                ax.axhline(cross[1], color="#F0E442", lw=0.6, alpha=0.8)
+                _off(ax)
+                if r == 0:
+                    ax.set_title(name, fontsize=9)
+                if c == 0:
+                    ax.set_ylabel(f"{case.axis_names[r]} = {centre[r]}", fontsize=8)
+        if not seg:
+            names = case.names(int(case.clean_scores.numel()) if case.clean_scores is not None else 1)
+            fmt = (lambda p: names[int(p)]) if case.kind == "multiclass" else \
+                (lambda p: ", ".join(n for n, v in zip(names, p.tolist(), strict=False) if v >= 0.5) or "none")
+            axes[0][2].set_title(f"clean prediction\n→ {fmt(case.clean)}", fontsize=9)
+            axes[0][3].set_title(f"attacked prediction\n→ {fmt(case.adv)}", fontsize=9)
+    else:
+        fig, axes = plt.subplots(1, ncol, figsize=(2.6 * ncol, 3.0 + 0.5 * (not seg)), squeeze=False)
+        row = axes[0]
+        img, img_kw = _display(case.x)
+        row[0].imshow(img.numpy(), **img_kw)
+        truth = ""
+        if case.label is not None and not seg:
+            names = case.names(int(case.clean_scores.numel()) if case.clean_scores is not None
+                               else int(case.label.numel()) if case.kind == "multilabel" else int(case.label) + 1)
+            truth = names[int(case.label)] if case.kind == "multiclass" else \
+                ", ".join(n for n, v in zip(names, case.label.tolist(), strict=False) if v >= 0.5) or "none"
+        row[0].set_title("image" + (f"\ntrue: {truth}" if truth else ""), fontsize=9)
+        row[1].imshow(_delta_plane(delta).numpy(), **delta_kw)
+        row[1].set_title(pert_title, fontsize=9)
+        _off(row[0])
+        _off(row[1])
+        if seg:
+            maps: list[tuple[str, Tensor]] = [("clean prediction", case.clean), ("attacked prediction", case.adv)]
+            if case.label is not None:
+                maps.append(("ground truth", case.label))
+            for c, (name, labels) in enumerate(maps, start=2):
+                _seg_overlay(row[c], img, img_kw, labels, ncls)
+                row[c].set_title(name, fontsize=9)
+                _off(row[c])
+        else:
+            _prob_bars(row[2], case, case.clean_scores, case.clean, "clean prediction")
+            _prob_bars(row[3], case, case.adv_scores, case.adv, "attacked prediction")
+    if seg:
+        names = case.names(ncls)
+        handles = [Patch(color=SEG_COLOURS[(j - 1) % len(SEG_COLOURS)], label=names[j]) for j in range(1, ncls)]
+        fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6), fontsize=8, frameon=False)
+    head = case.title + (f"\n{case.note}" if case.note else "")
+    if head:
+        fig.suptitle(head, fontsize=10)  # tight_layout keeps the panels below it
+    fig.tight_layout(rect=(0, 0.25 / fig.get_figheight() if seg else 0, 1, 1))
+    if path is not None:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(p, dpi=dpi)
+    return fig

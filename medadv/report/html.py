@@ -1,0 +1,1027 @@
+"""A self-contained HTML report: one ``report.html`` with every table and figure inside it.
+
+:func:`write_html_report` renders an evaluation (:class:`~medadv.results.Results`), the papers' studies
+(:class:`~medadv.studies.base.StudyResult`), a few attacked cases (:mod:`medadv.report.cases`) and
+explanation-attack pairs into one HTML file: figures are PNGs drawn with matplotlib and embedded as
+base64 ``data:`` URIs, the stylesheet is inline, and nothing is loaded from the network, so the file can be
+mailed or archived and opens the same anywhere. The page is built from the Jinja2 templates in
+``medadv/report/templates`` (``report.html.j2``, ``style.css``).
+
+Sections (each only when there is something to show): key findings, settings, summary table, robustness
+curves per attack, per-class results, attack-specific outputs, worst case per ensemble member, gradient-
+masking checks, one section per study (class-wise with CFPS and confusion heatmaps, transfer heatmap,
+corruption curves, noise baseline, frequency bands, models, feature/label correlation), cases, saliency.
+
+Example::
+
+    from medadv.report.cases import select_cases
+    from medadv.report.html import write_html_report
+
+    res = evaluate(model, task, (x, y), attacks)
+    cases = select_cases(model, task, x, y, attacks["pgd@0.0627"], k=2, class_names=TISSUES,
+                         axis_names=("sagittal", "coronal", "axial"))
+    write_html_report(res, "out/", studies=[classwise(model, task, (x, y), attacks)], cases=cases,
+                      class_names=TISSUES)  # -> out/report.html
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from ..results import DETAIL_PREFIX, ENSEMBLE_DETAILS, Results, summary_columns
+from .cases import Case, SaliencyPair, plot_case
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["write_html_report", "render_html_report", "StudyLike"]
+
+#: Okabe-Ito colours (colour-blind safe) for attacks, corruptions and models in line and bar plots
+PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
+MARKERS = "osD^vP*Xh<>"
+_METRIC_NAMES = {"correct": "accuracy", "mean_dice": "mean Dice", "label_accuracy": "label accuracy",
+                 "exact_match": "exact match", "dice": "Dice", "macro_auc": "macro AUC",
+                 "pixel_accuracy": "pixel accuracy", "hd95": "HD95"}
+_HEADLINES = ("mean_dice", "label_accuracy", "correct")
+
+
+@runtime_checkable
+class StudyLike(Protocol):
+    """What the report reads from a study (:class:`medadv.studies.base.StudyResult` has it)."""
+
+    study: str
+    rows: list[dict[str, Any]]
+    meta: dict[str, Any]
+
+
+# --- page blocks (what the template renders) ------------------------------------------------------------------------
+@dataclass
+class Cell:
+    text: str
+    cls: str = ""
+    title: str = ""
+
+
+@dataclass
+class Table:
+    headers: list[Cell]
+    rows: list[list[Cell]]
+    caption: str = ""
+    collapsed: bool = False  # inside a <details> element (long raw tables)
+    kind: str = "table"
+
+
+@dataclass
+class Image:
+    src: str
+    width: int
+    height: int
+    alt: str
+    caption: str = ""
+    kind: str = "figure"
+
+
+@dataclass
+class Text:
+    paragraphs: list[str]
+    cls: str = ""
+    kind: str = "text"
+
+
+@dataclass
+class Bullets:
+    items: list[str]
+    cls: str = ""
+    kind: str = "bullets"
+
+
+@dataclass
+class Section:
+    id: str
+    title: str
+    intro: str = ""
+    blocks: list[Any] = field(default_factory=list)
+
+
+# --- formatting -----------------------------------------------------------------------------------------------------
+def _is_num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _nan(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def fmt(v: Any, digits: int = 3) -> str:
+    """A cell's text: floats to ``digits`` decimals (significant digits when small), NaN/None as ``–``."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if v != 0 and (abs(v) < 10 ** -digits or abs(v) >= 1e5):
+            return f"{v:.{digits}g}"
+        return f"{v:.{digits}f}"
+    if isinstance(v, list | tuple):
+        return " / ".join(fmt(x, digits) for x in v)
+    return str(v)
+
+
+def fmt_budget(b: Any) -> str:
+    """A budget in data units, with its ``k/255`` form when it is one (``0.0314 (8/255)``)."""
+    if not _is_num(b):
+        return "–" if b is None else str(b)
+    k = float(b) * 255
+    if 0 < k <= 255 and abs(k - round(k)) < 1e-6:
+        return f"{float(b):.4g} ({round(k)}/255)"
+    return f"{float(b):.4g}"
+
+
+def metric_label(col: str) -> str:
+    """``adv_mean_dice`` -> ``mean Dice (attacked)``, ``clean_correct`` -> ``accuracy (clean)``."""
+    for prefix, tag in (("adv_", " (attacked)"), ("clean_", " (clean)")):
+        if col.startswith(prefix):
+            base = col.removeprefix(prefix)
+            return _METRIC_NAMES.get(base, base.replace("_", " ")) + tag
+    if col.startswith(DETAIL_PREFIX):
+        return col.removeprefix(DETAIL_PREFIX).replace("_", " ")
+    return _METRIC_NAMES.get(col, col.replace("_", " "))
+
+
+def _header(col: str) -> Cell:
+    return Cell(metric_label(col), title=col)
+
+
+def _cell(col: str, v: Any) -> Cell:
+    if col == "budget":
+        return Cell(fmt_budget(v), "num")
+    return Cell(fmt(v), "num" if _is_num(v) or v is None else "")
+
+
+def _table(rows: Sequence[Mapping[str, Any]], cols: Sequence[str], caption: str = "",
+           collapsed: bool = False) -> Table:
+    return Table([_header(c) for c in cols], [[_cell(c, r.get(c)) for c in cols] for r in rows], caption, collapsed)
+
+
+def _plain_table(rows: Sequence[Mapping[str, Any]], caption: str = "", collapsed: bool = True,
+                 limit: int = 400) -> Table:
+    """Every column of ``rows`` (a study's raw table), at most ``limit`` rows."""
+    cols: dict[str, None] = {}
+    for r in rows:
+        for c in r:
+            cols.setdefault(c, None)
+    shown = list(rows)[:limit]
+    more = f" (first {limit} of {len(rows)} rows)" if len(rows) > limit else ""
+    return Table([Cell(c) for c in cols], [[_cell(c, r.get(c)) for c in cols] for r in shown], caption + more,
+                 collapsed)
+
+
+# --- figures --------------------------------------------------------------------------------------------------------
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def figure_image(fig: Figure, alt: str, caption: str = "", dpi: int = 110) -> Image:
+    """Embed a matplotlib figure as a base64 PNG (the figure is closed)."""
+    plt = _plt()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, facecolor="white")
+    plt.close(fig)
+    data = buf.getvalue()
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")  # PNG IHDR
+    return Image("data:image/png;base64," + base64.b64encode(data).decode("ascii"), width, height, alt, caption)
+
+
+def _grid(n: int, ncols: int = 3, w: float = 4.0, h: float = 3.1) -> tuple[Any, list[Any]]:
+    plt = _plt()
+    ncols = max(1, min(ncols, n))
+    nrows = max(1, math.ceil(n / ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(w * ncols, h * nrows), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
+def _style(ax: Any, xlabel: str = "", ylabel: str = "", title: str = "") -> None:
+    ax.set_xlabel(xlabel, fontsize=9)
+    ax.set_ylabel(ylabel, fontsize=9)
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.tick_params(labelsize=8)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+
+def _heatmap(ax: Any, m: Sequence[Sequence[Any]], rows: Sequence[str], cols: Sequence[str], *, title: str = "",
+             cmap: str = "viridis", vmin: float | None = None, vmax: float | None = None, digits: int = 2,
+             xlabel: str = "", ylabel: str = "", colorbar: bool = True) -> None:
+    import numpy as np
+
+    a = np.array([[np.nan if _nan(v) else float(v) for v in row] for row in m], dtype=float)
+    im = ax.imshow(a, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
+    ax.set_xticks(range(a.shape[1]))
+    ax.set_yticks(range(a.shape[0]))
+    small = max(a.shape) > 8
+    ax.set_xticklabels(cols, fontsize=7 if small else 8, rotation=45 if max(map(len, cols), default=0) > 3 else 0,
+                       ha="right" if max(map(len, cols), default=0) > 3 else "center")
+    ax.set_yticklabels(rows, fontsize=7 if small else 8)
+    if max(a.shape) <= 12:
+        lo = np.nanmin(a) if vmin is None and np.isfinite(a).any() else (vmin or 0.0)
+        hi = np.nanmax(a) if vmax is None and np.isfinite(a).any() else (vmax if vmax is not None else 1.0)
+        mid = (lo + hi) / 2
+        for i in range(a.shape[0]):
+            for j in range(a.shape[1]):
+                if np.isfinite(a[i, j]):
+                    if cmap in ("RdBu_r", "RdBu", "seismic", "coolwarm"):  # diverging: dark at both ends
+                        dark = abs(a[i, j] - mid) > 0.6 * (hi - mid)
+                    elif cmap in ("viridis", "magma", "inferno", "cividis"):  # dark at the low end
+                        dark = a[i, j] < mid
+                    else:  # sequential light-to-dark (Blues)
+                        dark = a[i, j] > mid
+                    ax.text(j, i, f"{a[i, j]:.{digits}f}", ha="center", va="center", fontsize=7 if small else 8,
+                            color="white" if dark else "black")
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel, fontsize=9)
+    ax.set_ylabel(ylabel, fontsize=9)
+    if colorbar:
+        ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04).ax.tick_params(labelsize=7)
+
+
+def _family(name: str) -> str:
+    return str(name).split("@", 1)[0]
+
+
+def _key(attack: Any, budget: Any) -> str:
+    """``pgd ε=0.0314 (8/255)`` for attack ``pgd`` or ``pgd@0.0314`` at that budget."""
+    return str(attack) if budget is None else f"{_family(attack)} ε={fmt_budget(budget)}"
+
+
+def _by_family(summary: Iterable[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    """Summary rows per attack family (``pgd@0.03`` and ``pgd@0.06`` are both ``pgd``), budgets ascending."""
+    out: dict[str, list[Any]] = {}
+    for r in summary:
+        out.setdefault(_family(r["attack"]), []).append(r)
+    return {k: sorted(v, key=lambda r: _budget_sort(r["budget"])) for k, v in out.items()}
+
+
+def _groups(rows: Iterable[Mapping[str, Any]], keys: Sequence[str]) -> dict[tuple[Any, ...], list[Any]]:
+    out: dict[tuple[Any, ...], list[Any]] = {}
+    for r in rows:
+        out.setdefault(tuple(r.get(k) for k in keys), []).append(r)
+    return out
+
+
+def _mean(vals: Iterable[Any]) -> float:
+    v = [float(x) for x in vals if not _nan(x)]
+    return sum(v) / len(v) if v else float("nan")
+
+
+# --- the evaluation (Results) ---------------------------------------------------------------------------------------
+def _headline(summary: list[dict[str, Any]]) -> str | None:
+    for m in _HEADLINES:
+        if any(f"adv_{m}" in r for r in summary):
+            return m
+    return None
+
+
+def _budget_sort(b: Any) -> float:
+    return -1.0 if b is None else float(b)
+
+
+def _findings(results: Results, summary: list[dict[str, Any]], metric: str | None) -> list[str]:
+    out: list[str] = []
+    if metric is None:
+        return out
+    name = _METRIC_NAMES.get(metric, metric)
+    clean = _mean(r.get(f"clean_{metric}") for r in summary)
+    out.append(f"Clean {name}: <b>{fmt(clean)}</b> on {max(int(r['n']) for r in summary)} samples.")
+    worst: tuple[float, str] | None = None
+    for fam, rows in _by_family(summary).items():
+        r = rows[-1]  # the largest budget: the clearest effect
+        adv = r.get(f"adv_{metric}")
+        if _nan(adv):
+            continue
+        rel = f" ({100 * (clean - adv) / clean:.0f}% lower)" if clean and clean > 0 else ""
+        if _is_num(r.get("changed_fraction")):
+            effect = f"; {100 * r['changed_fraction']:.1f}% of voxels changed"
+        elif _is_num(r.get("fooled")):
+            effect = f"; {100 * r['fooled']:.0f}% of samples fooled"
+        else:
+            effect = ""
+        at = "" if r["budget"] is None else f" at ε = {fmt_budget(r['budget'])}"
+        out.append(f"<b>{fam}</b>{at}: {name} {fmt(clean)} → <b>{fmt(adv)}</b>{rel}{effect}.")
+        if worst is None or adv < worst[0]:
+            worst = (float(adv), _key(fam, r["budget"]))
+    if worst is not None and len(out) > 2:
+        out.append(f"Strongest attack: <b>{worst[1]}</b> ({name} {fmt(worst[0])}).")
+    flags = results.masking_flags()
+    if flags:
+        out.append(f"<span class='warn'>{len(flags)} gradient-masking check(s) fired</span>: the robust numbers "
+                   "may be too optimistic (see <a href='#masking'>Gradient-masking checks</a>).")
+    return out
+
+
+def _curves(results: Results, summary: list[dict[str, Any]], metric: str, class_names: Sequence[str] | None
+            ) -> list[Any]:
+    blocks: list[Any] = []
+    rows = [r for r in summary if r["budget"] is not None and not _nan(r.get(f"adv_{metric}"))]
+    if not rows:
+        return blocks
+    clean = _mean(r.get(f"clean_{metric}") for r in summary)
+    fams = _by_family(rows)
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.6, 4.0))
+    for i, (fam, rs) in enumerate(fams.items()):
+        ax.plot([0.0] + [float(r["budget"]) for r in rs], [clean] + [float(r[f"adv_{metric}"]) for r in rs],
+                marker="o", color=PALETTE[i % len(PALETTE)], ls="-" if i < len(PALETTE) else "--", label=fam, lw=1.8)
+    ax.axhline(clean, color="grey", ls="--", lw=1, label="clean")
+    _style(ax, "budget ε (data units)", _METRIC_NAMES.get(metric, metric), f"{_METRIC_NAMES.get(metric, metric)} "
+           "vs attack budget")
+    ax.set_ylim(bottom=min(0.0, ax.get_ylim()[0]))
+    ax.legend(fontsize=8, frameon=False, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    blocks.append(figure_image(fig, f"robustness curve: {metric} vs budget, one line per attack",
+                               "Each line is one attack; ε = 0 is the clean model. Lower is worse."))
+    # per-class curves (segmentation Dice per class, ...), one panel per attack
+    per = "dice" if metric == "mean_dice" else None
+    if per and any(isinstance(r.get(f"adv_{per}"), list) for r in rows):
+        fig, axes = _grid(len(fams), 3, 3.8, 2.9)
+        for ax, (fam, rs) in zip(axes, fams.items(), strict=False):
+            k = len(rs[0][f"adv_{per}"])
+            names = list(class_names)[:k] if class_names and len(class_names) >= k else [str(j) for j in range(k)]
+            for j in range(k):
+                c0 = _mean(r[f"clean_{per}"][j] for r in rs)
+                ys = [r[f"adv_{per}"][j] for r in rs]
+                if _nan(c0) and all(_nan(y) for y in ys):  # a class the metric leaves out
+                    continue
+                ax.plot([0.0] + [float(r["budget"]) for r in rs], [c0] + [math.nan if _nan(y) else y for y in ys],
+                        marker=".", color=PALETTE[j % len(PALETTE)], label=names[j])
+            _style(ax, "budget ε", _METRIC_NAMES.get(per, per), fam)
+            ax.set_ylim(-0.02, 1.02)
+        _legend_top(fig, axes[0])
+        blocks.append(figure_image(fig, f"per-class {per} vs budget, one panel per attack",
+                                   f"{_METRIC_NAMES.get(per, per)} of each class against the budget, one panel per "
+                                   "attack: which structure breaks first."))
+    return blocks
+
+
+def _per_class_values(results: Results, metric: str) -> tuple[str, dict[tuple[Any, Any], tuple[list[float], list[float]]]]:
+    """Per (attack, budget): per-class clean and attacked values (Dice, recall or per-label accuracy)."""
+    out: dict[tuple[Any, Any], tuple[list[float], list[float]]] = {}
+    groups = results.groups()
+    first = results.rows[0]
+    if isinstance(first.get("adv_dice"), list):
+        for key, rows in groups.items():
+            k = len(rows[0]["adv_dice"])
+            out[key] = ([_mean(r["clean_dice"][j] for r in rows) for j in range(k)],
+                        [_mean(r["adv_dice"][j] for r in rows) for j in range(k)])
+        return "Dice", out
+    if metric == "correct" and "label" in first:
+        k = 1 + max(max(int(r["label"]), int(r["clean_pred"]), int(r["adv_pred"])) for r in results.rows)
+        for key, rows in groups.items():
+            vals: tuple[list[float], list[float]] = ([], [])
+            for j in range(k):
+                sel = [r for r in rows if int(r["label"]) == j]
+                vals[0].append(_mean(float(r["clean_pred"] == j) for r in sel))
+                vals[1].append(_mean(float(r["adv_pred"] == j) for r in sel))
+            out[key] = vals
+        return "recall", out
+    if metric == "label_accuracy" and isinstance(first.get("label"), list):
+        k = len(first["label"])
+        for key, rows in groups.items():
+            out[key] = ([_mean(float(r["clean_pred"][j] == r["label"][j]) for r in rows) for j in range(k)],
+                        [_mean(float(r["adv_pred"][j] == r["label"][j]) for r in rows) for j in range(k)])
+        return "label accuracy", out
+    return "", out
+
+
+def _bars(ax: Any, names: Sequence[str], series: Sequence[tuple[str, Sequence[Any]]], ylabel: str = "",
+          title: str = "", ylim: tuple[float, float] | None = (0.0, 1.0)) -> None:
+    n = len(series)
+    width = 0.8 / max(n, 1)
+    for i, (label, vals) in enumerate(series):
+        xs = [j + (i - (n - 1) / 2) * width for j in range(len(names))]
+        colour = "#999999" if label == "clean" else PALETTE[(i - 1) % len(PALETTE)] if series[0][0] == "clean" \
+            else PALETTE[i % len(PALETTE)]
+        ax.bar(xs, [0.0 if _nan(v) else v for v in vals], width=width, label=label, color=colour)
+    ax.set_xticks(range(len(names)))
+    rot = 30 if max(map(len, names), default=0) > 6 or len(names) > 8 else 0
+    ax.set_xticklabels(names, rotation=rot, ha="right" if rot else "center", fontsize=8)
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    _style(ax, "", ylabel, title)
+    ax.grid(axis="x", visible=False)
+
+
+def _legend_top(fig: Any, ax: Any, ncol: int = 6) -> None:
+    """One legend for the whole figure (the series of ``ax``), above the panels; then lay the figure out."""
+    handles, labels = ax.get_legend_handles_labels()
+    rows = math.ceil(len(handles) / ncol) if handles else 0
+    if handles:
+        fig.legend(handles, labels, loc="upper center", ncol=min(ncol, len(handles)), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 1 - (0.08 + 0.22 * rows) / fig.get_figheight()))
+
+
+def _per_class_section(results: Results, metric: str, class_names: Sequence[str] | None) -> Section | None:
+    what, vals = _per_class_values(results, metric)
+    if not vals:
+        return None
+    k = len(next(iter(vals.values()))[0])
+    names = list(class_names)[:k] if class_names and len(class_names) >= k else [str(j) for j in range(k)]
+    # classes the metric leaves out (e.g. the background of a Dice without it) are not drawn
+    keep = [j for j in range(k) if any(not _nan(v) for c, a in vals.values() for v in (c[j], a[j]))]
+    vals = {key: ([c[j] for j in keep], [a[j] for j in keep]) for key, (c, a) in vals.items()}
+    names, k = [names[j] for j in keep], len(keep)
+    # per attack: its largest budget (the clearest effect); attacks without budget as they are
+    last: dict[Any, tuple[Any, Any]] = {}
+    for attack, budget in vals:
+        fam = _family(attack)
+        if fam not in last or _budget_sort(budget) > _budget_sort(last[fam][1]):
+            last[fam] = (attack, budget)
+    keys = list(last.values())
+    fig, axes = _grid(len(keys), 3, min(6.0, max(3.4, 0.45 * k + 1.6)), 2.7)
+    for ax, key in zip(axes, keys, strict=False):
+        c, a = vals[key]
+        _bars(ax, names, [("clean", c), ("attacked", a)], what, _key(*key))
+    _legend_top(fig, axes[0])
+    table_rows = []
+    for key in sorted(vals, key=lambda kb: (str(kb[0]), _budget_sort(kb[1]))):
+        c, a = vals[key]
+        for j in range(k):
+            table_rows.append({"attack": _family(key[0]), "budget": key[1], "class": names[j], f"clean {what}": c[j],
+                               f"attacked {what}": a[j], "drop": None if _nan(c[j]) or _nan(a[j]) else c[j] - a[j]})
+    return Section("per-class", "Per-class results",
+                   f"Per-class {what}, clean (grey) vs attacked, for each attack at its largest budget. "
+                   "A class that loses much more than the others is the weak spot of the model.",
+                   [figure_image(fig, f"per-class {what}, clean vs attacked, one panel per attack"),
+                    _plain_table(table_rows, f"per-class {what} for every attack and budget", collapsed=True)])
+
+
+def _results_sections(results: Results, class_names: Sequence[str] | None) -> list[Section]:
+    summary = results.summary()
+    if not summary:
+        return []
+    metric = _headline(summary)
+    sections: list[Section] = []
+    findings = _findings(results, summary, metric)
+    if findings:
+        sections.append(Section("findings", "Key findings", "", [Bullets(findings, "findings")]))
+    if results.meta:
+        sections.append(Section("settings", "Settings", "", [Table(
+            [Cell("setting"), Cell("value")], [[Cell(str(k)), Cell(fmt(v))] for k, v in results.meta.items()])]))
+
+    cols = [c for c in summary_columns(summary) if not c.startswith(DETAIL_PREFIX)]
+    cols = [c for c in cols if not any(isinstance(r.get(c), list) for r in summary)]  # per-class: own section
+    rows = [r for rs in _by_family(summary).values() for r in rs]
+    # the compact table: the headline metric clean and attacked, its change, how much changed, the size of
+    # the perturbation; every other mean column is in the full table below it
+    compact: list[dict[str, Any]] = []
+    for r in rows:
+        row = {"attack": _family(r["attack"]), "budget": r["budget"]}
+        if metric:
+            c, a = r.get(f"clean_{metric}"), r.get(f"adv_{metric}")
+            row.update({f"clean_{metric}": c, f"adv_{metric}": a,
+                        "change": None if _nan(c) or _nan(a) else a - c})
+        for col in ("changed_fraction", "changed", "fooled", "linf", "n"):
+            if col in r:
+                row[col] = r[col]
+        compact.append(row)
+    ccols = list(dict.fromkeys(k for r in compact for k in r))
+    table = _table(compact, ccols, "Means over the samples (budget ε in data units; hover a column name for its "
+                   "key in results.json).")
+    for i, h in enumerate(table.headers):
+        if h.title in (f"clean_{metric}", f"adv_{metric}"):  # the headline columns stand out
+            h.cls = "headline"
+            for trow in table.rows:
+                trow[i].cls += " headline"
+        if h.title == "change":
+            for trow in table.rows:
+                trow[i].cls += " neg" if trow[i].text.startswith("-") else ""
+    glossary = {"changed_fraction": "the share of voxels whose label the attack changed",
+                "changed": "the share of samples whose prediction changed",
+                "fooled": "the share of samples the attack counts as fooled (the task's test)",
+                "linf": "the largest change of one input value"}
+    said = "; ".join(f"<i>{metric_label(k)}</i> is {v}" for k, v in glossary.items() if k in ccols)
+    sections.append(Section("summary", "Summary", f"Clean vs attacked {metric_label(metric or 'metric')} for every "
+                            f"attack and budget; <i>change</i> is attacked − clean. {said}.",
+                            [table, _table(rows, cols, "every mean column, per attack and budget", collapsed=True)]))
+    if metric:
+        curves = _curves(results, summary, metric, class_names)
+        if curves:
+            sections.append(Section("curves", "Robustness curves",
+                                    "How fast the model breaks as the attacker is allowed a larger perturbation.",
+                                    curves))
+        per = _per_class_section(results, metric, class_names)
+        if per is not None:
+            sections.append(per)
+    details = [c for c in summary_columns(summary) if c.startswith(DETAIL_PREFIX) and c not in ENSEMBLE_DETAILS]
+    if details:
+        drows = [r for r in rows if any(c in r for c in details)]
+        sections.append(Section("attack-outputs", "Attack-specific outputs",
+                                "Per-attack means of what each attack reports about itself (its declared "
+                                "per-sample outputs).", [_table(drows, ["attack", "budget", *details, "n"])]))
+    ensemble = results.ensemble_table()
+    if ensemble:
+        m = next(c for c in ensemble[0] if c.startswith("robust_"))
+        sections.append(Section("ensemble", "Worst case after each ensemble member",
+                                f"For ensemble attacks (<code>auto</code>): the mean {metric_label(m.removeprefix('robust_'))} "
+                                "after each member, keeping per sample the worst case so far; <i>gain</i> is how "
+                                "much the member lowered it, <i>attacked</i> the samples it ran on.",
+                                [_table(ensemble, ["attack", "budget", "member", m, "gain", "attacked", "seconds",
+                                                   "n"])]))
+    flags = results.masking_flags()
+    if flags:
+        sections.append(Section("masking", "Gradient-masking checks",
+                                "<span class='warn'>These checks fired: the attacks may have failed for a reason "
+                                "other than robustness, so the robust metric may be overestimated.</span>",
+                                [_table(flags, ["attack", "budget", "check", "samples", "message"])]))
+    elif ensemble:
+        sections.append(Section("masking", "Gradient-masking checks",
+                                "No check fired (randomised outputs, probability outputs, zero gradients, "
+                                "black-box beating white-box, non-monotone budgets, unbounded attack not "
+                                "reaching the floor)."))
+    return sections
+
+
+# --- studies --------------------------------------------------------------------------------------------------------
+_CLASSWISE_VALUES = ("class", "support", "clean", "adv", "cfps_clean", "cfps_adv", "cfns_clean", "cfns_adv")
+
+
+def _study_metric(study: StudyLike, default: str = "metric") -> str:
+    m = study.meta.get("metric")
+    return _METRIC_NAMES.get(str(m), str(m)) if m else default
+
+
+def _walk_matrices(obj: Any, prefix: str = "") -> list[tuple[str, list[list[Any]]]]:
+    """Every matrix (list of equal-length lists) in a nested dict, with its dotted key."""
+    if isinstance(obj, Mapping):
+        out = []
+        for k, v in obj.items():
+            out += _walk_matrices(v, f"{prefix} · {k}" if prefix else str(k))
+        return out
+    if isinstance(obj, list) and obj and all(isinstance(r, list) for r in obj):
+        return [(prefix, obj)]
+    return []
+
+
+def _pretty_key(key: str) -> str:
+    """A study's condition key as a reader wants it: ``pgd@0.1@0.1`` or ``pgd@0.1`` -> ``pgd ε=0.1``."""
+    parts = str(key).split("@")
+    if len(parts) >= 2:
+        try:
+            return _key(parts[0], float(parts[-1]))
+        except ValueError:
+            pass
+    return str(key)
+
+
+def _confusion_figures(conf: Any, names: Sequence[str] | None, kind: str | None = None) -> list[Any]:
+    """Heatmaps of the confusion matrices of a class-wise study, four per figure.
+
+    Classes (``kind`` None): normalised per true class. Label pairs of a multi-label study (``kind`` says
+    what rows and columns are): raw counts on one colour scale for all matrices.
+    """
+    mats = _walk_matrices(conf)
+    blocks: list[Any] = []
+    per_fig = 4
+    top = max([1.0] + [float(v or 0) for _, m in mats for row in m for v in row])
+    for start in range(0, len(mats), per_fig):
+        chunk = mats[start : start + per_fig]
+        k = max(len(m) for _, m in chunk)
+        size = min(4.6, 1.6 + 0.35 * k)
+        fig, axes = _grid(len(chunk), per_fig if len(mats) > 1 else 1, size + 0.6, size)
+        for ax, (title, m) in zip(axes, chunk, strict=False):
+            labels = list(names)[: len(m)] if names and len(names) >= len(m) else [str(j) for j in range(len(m))]
+            if kind:
+                shown = [[float(v or 0) for v in row] for row in m]
+                pair = "missed" in kind and "spurious" in kind
+                _heatmap(ax, shown, labels, labels, title=_pretty_key(title), cmap="Blues", vmin=0.0, vmax=top,
+                         digits=0, xlabel="spurious label" if pair else "column",
+                         ylabel="missed label" if pair else "row", colorbar=False)
+            else:
+                shown = []
+                for row in m:
+                    total = sum(float(v or 0) for v in row)
+                    shown.append([float(v or 0) / total if total else math.nan for v in row])
+                _heatmap(ax, shown, labels, labels, title=_pretty_key(title), cmap="Blues", vmin=0.0, vmax=1.0,
+                         xlabel="predicted", ylabel="true", colorbar=False)
+            off = sum(float(v or 0) for i, row in enumerate(m) for j, v in enumerate(row) if i != j or kind)
+            if off == 0:  # nothing to see: say so rather than leave an empty square
+                ax.text(0.5, 0.5, "no errors", transform=ax.transAxes, ha="center", va="center", fontsize=10,
+                        color="#5b6573", bbox=dict(facecolor="white", edgecolor="none", alpha=0.8))
+        fig.tight_layout()
+        caption = (f"Counts of {kind}, one colour scale for all panels." if kind else
+                   "Confusion matrices normalised per true class (each row sums to 1; rows = true class, columns = "
+                   "prediction). Off-diagonal mass under attack shows where the errors go.")
+        blocks.append(figure_image(fig, "confusion matrices, clean and attacked", caption))
+    return blocks
+
+
+def _setting(values: Mapping[str, Any]) -> str:
+    """The title of one setting of a study: ``pgd ε=0.0314 (8/255)`` plus any other key (``background: no``)."""
+    parts = [_key(values["attack"], values.get("budget"))] if values.get("attack") is not None else []
+    parts += [f"{k}: {fmt(v)}" for k, v in values.items() if k not in ("attack", "budget") and v is not None]
+    return " · ".join(parts) or "all"
+
+
+def _study_classwise(study: StudyLike, class_names: Sequence[str] | None) -> Section:
+    names = study.meta.get("classes") or class_names
+    metric = _study_metric(study, "per-class metric")
+    extra = [c for c in dict.fromkeys(k for r in study.rows for k in r) if c not in _CLASSWISE_VALUES]
+    groups = _groups(study.rows, extra)
+    blocks: list[Any] = []
+    has_cfns = any("cfns_adv" in r for r in study.rows)
+    if groups:
+        keys = list(groups)[:6]
+        fig, axes = _grid(len(keys) * (2 + has_cfns), 2 + has_cfns, 3.9 if has_cfns else 4.6, 3.0)
+        for gi, key in enumerate(keys):
+            rows = groups[key]
+            cls = [str(r.get("class")) for r in rows]
+            title = _setting(dict(zip(extra, key, strict=True)))
+            ax = axes[gi * (2 + has_cfns)]
+            _bars(ax, cls, [("clean", [r.get("clean") for r in rows]), ("attacked", [r.get("adv") for r in rows])],
+                  metric, f"{metric}: {title}")
+            ax = axes[gi * (2 + has_cfns) + 1]
+            top = max([0.05] + [float(v) for r in rows for v in (r.get("cfps_clean"), r.get("cfps_adv"))
+                                if not _nan(v)])
+            _bars(ax, cls, [("clean", [r.get("cfps_clean") for r in rows]),
+                            ("attacked", [r.get("cfps_adv") for r in rows])],
+                  "CFPS", f"CFPS: {title}", (0.0, min(1.0, top * 1.15)))
+            if has_cfns:
+                ax = axes[gi * 3 + 2]
+                top = max([0.05] + [float(v) for r in rows for v in (r.get("cfns_clean"), r.get("cfns_adv"))
+                                    if not _nan(v)])
+                _bars(ax, cls, [("clean", [r.get("cfns_clean") for r in rows]),
+                                ("attacked", [r.get("cfns_adv") for r in rows])],
+                      "CFNS", f"CFNS: {title}", (0.0, min(1.0, top * 1.15)))
+        _legend_top(fig, axes[0])
+        more = f" (first 6 of {len(groups)} settings)" if len(groups) > 6 else ""
+        blocks.append(figure_image(fig, "per-class metric and CFPS, clean vs attacked",
+                                   f"Left: {metric} per class. Right: the Class False Positive Score (CFPS), the share "
+                                   "of all errors that land on each class; a class with a high CFPS attracts errors "
+                                   "(an easy target for targeted attacks)." + more))
+    if "confusion" in study.meta:
+        kind = study.meta.get("confusion_kind")
+        blocks += _confusion_figures(study.meta["confusion"], names, str(kind) if kind else None)
+    attractors = study.meta.get("attractors")
+    if attractors:
+        items = attractors.items() if isinstance(attractors, Mapping) else enumerate(attractors)
+        rows = [{"setting": _pretty_key(str(k)), "attractors (most errors first)": " > ".join(map(str, v))
+                 if isinstance(v, list) else str(v)} for k, v in items]
+        blocks.append(_table(rows, ["setting", "attractors (most errors first)"], "Classes ranked by CFPS."))
+    blocks.append(_plain_table(study.rows, "all rows of the class-wise study"))
+    return Section("study-classwise", f"Class-wise robustness (Medi et al.) · {metric}",
+                   "Which classes suffer most under attack, and which classes the errors go to. CFPS<sub>j</sub> = "
+                   "FP<sub>j</sub> / all errors (sums to 1 over classes).", blocks)
+
+
+def _study_transfer(study: StudyLike, class_names: Sequence[str] | None) -> Section:
+    metric = _study_metric(study)
+    blocks: list[Any] = []
+    groups = _groups(study.rows, ["attack", "budget"])
+    for (attack, budget), rows in groups.items():
+        surr = list(dict.fromkeys(str(r["surrogate"]) for r in rows))
+        targ = list(dict.fromkeys(str(r["target"]) for r in rows))
+        val = {(str(r["surrogate"]), str(r["target"])): r for r in rows}
+        has_fr = any(not _nan(r.get("fooling_rate")) for r in rows)
+        fig, axes = _grid(1 + has_fr, 2, max(4.4, 1.4 + 0.9 * len(targ)), max(3.0, 1.2 + 0.6 * len(surr)))
+        mats = [("adv", f"{metric} attacked", "viridis")] + ([("fooling_rate", "fooling rate", "magma")]
+                                                             if has_fr else [])
+        for ax, (col, label, cmap) in zip(axes, mats, strict=False):
+            m = [[val.get((s, t), {}).get(col) for t in targ] for s in surr]
+            _heatmap(ax, m, surr, targ, title=label, cmap=cmap, vmin=0.0, vmax=1.0, xlabel="target model",
+                     ylabel="surrogate (crafted on)")
+        fig.suptitle(_key(attack, budget), fontsize=10)
+        fig.tight_layout()
+        blocks.append(figure_image(fig, f"transfer heatmap {_key(attack, budget)}",
+                                   "Rows: the model the attack was crafted on; columns: the model it was applied "
+                                   "to. The diagonal is the white-box attack."))
+    blocks.append(_plain_table(study.rows, "all rows of the transfer study"))
+    return Section("study-transfer", "Transferability (Paschali, Malik)",
+                   "Adversarial examples crafted on one model (surrogate) and applied to another (target): a "
+                   "black-box attacker needs only a similar model.", blocks)
+
+
+def _study_corruptions(study: StudyLike, class_names: Sequence[str] | None) -> Section:
+    metric = _study_metric(study)
+    groups = _groups(study.rows, ["corruption"])
+    has_flip = any(not _nan(r.get("flip_probability")) for r in study.rows)
+    fig, axes = _grid(1 + has_flip, 2, 5.4, 3.8)
+    clean = _mean(r.get("metric_clean") for r in study.rows)
+    for i, ((name,), rows) in enumerate(groups.items()):
+        rows = sorted(rows, key=lambda r: float(r["severity"]))
+        # colour, marker and line style all vary, so that 9+ corruptions stay apart
+        style = dict(marker=MARKERS[i % len(MARKERS)], color=PALETTE[i % len(PALETTE)],
+                     ls="-" if i < len(PALETTE) else "--", label=name, ms=5)
+        axes[0].plot([r["severity"] for r in rows], [r.get("metric") for r in rows], **style)
+        if has_flip:
+            axes[1].plot([r["severity"] for r in rows], [r.get("flip_probability") for r in rows], **style)
+    if not _nan(clean):
+        axes[0].axhline(clean, color="grey", ls=":", lw=1.2, label="clean")
+    _style(axes[0], "severity", metric, f"{metric} vs corruption severity")
+    if has_flip:
+        _style(axes[1], "severity", "flip probability", "flip probability vs severity")
+        axes[1].set_ylim(bottom=0)
+    for ax in axes:
+        ax.set_xticks(sorted({int(r["severity"]) for r in study.rows}))
+    fig.set_figheight(fig.get_figheight() + 0.25 * math.ceil((len(groups) + 1) / 5))
+    _legend_top(fig, axes[0], 5)
+    return Section("study-corruptions", "Common corruptions (Xu et al.)",
+                   "Natural image degradations at five severities. The flip probability is the share of samples "
+                   "whose prediction the corruption changes.",
+                   [figure_image(fig, "corruption curves: metric and flip probability vs severity"),
+                    _plain_table(study.rows, "all rows of the corruption study")])
+
+
+def _study_noise_baseline(study: StudyLike, class_names: Sequence[str] | None) -> Section:
+    metric = _study_metric(study)
+    rows = study.rows
+    names = [_key(r.get("attack"), r.get("budget")) for r in rows]
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(rows) + 2), 3.6))
+    match = str(study.meta.get("match") or "ssim").upper()
+    series = [("clean", [r.get("clean_metric") for r in rows])] if any("clean_metric" in r for r in rows) else []
+    series += [("adversarial", [r.get("adv_metric") for r in rows]),
+               (f"random noise, same {match}", [r.get("noise_metric") for r in rows])]
+    _bars(ax, names, series, metric, "adversarial vs matched random noise", None)
+    _legend_top(fig, ax)
+    return Section("study-noise-baseline", "Adversarial vs random noise (Paschali)",
+                   f"Random noise scaled to the same image similarity ({match}) as each adversarial example: the gap "
+                   "shows the damage is specific to the adversarial direction, not to the amount of noise.",
+                   [figure_image(fig, "adversarial vs matched noise bars"),
+                    _table(rows, list(dict.fromkeys(k for r in rows for k in r)))])
+
+
+def _study_frequency(study: StudyLike, class_names: Sequence[str] | None) -> Section:
+    metric = _study_metric(study, "value")
+    groups = _groups(study.rows, ["attack", "budget"])
+    bands = list(dict.fromkeys(str(r["band"]) for r in study.rows))
+    series = []
+    for (attack, budget), rows in groups.items():
+        by = {str(r["band"]): r.get("value") for r in rows}
+        series.append((_key(attack, budget), [by.get(b) for b in bands]))
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(bands) * max(1, len(series)) / 2 + 2), 3.6))
+    _bars(ax, bands, series, metric, "attack restricted to a frequency band", None)
+    _legend_top(fig, ax, 3)
+    return Section("study-frequency", "Frequency bands (Malik et al.)",
+                   "The perturbation filtered to low or high spatial frequencies: which band carries the attack.",
+                   [figure_image(fig, "frequency band bars"), _plain_table(study.rows, "all rows", collapsed=False)])
+
+
+def _study_models(study: StudyLike, class_names: Sequence[str] | None) -> Section:
+    metric = _study_metric(study)
+    rows = study.rows
+    settings = list(dict.fromkeys((r.get("attack"), r.get("budget")) for r in rows))
+    models = list(dict.fromkeys(str(r["model"]) for r in rows))
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.0, 4.6))
+    markers = "osD^vP*X"
+    for si, s in enumerate(settings):
+        for mi, m in enumerate(models):
+            sel = [r for r in rows if (r.get("attack"), r.get("budget")) == s and str(r["model"]) == m]
+            if sel:
+                ax.scatter([sel[0].get("clean")], [sel[0].get("adv")], color=PALETTE[si % len(PALETTE)],
+                           marker=markers[mi % len(markers)], s=50, label=_key(*s) if mi == 0 else None)
+                ax.annotate(m, (float(sel[0].get("clean") or 0), float(sel[0].get("adv") or 0)), fontsize=7,
+                            xytext=(4, 3), textcoords="offset points")
+    vals = [float(v) for r in rows for v in (r.get("clean"), r.get("adv")) if v is not None and not _nan(v)]
+    if vals and min(vals) >= 0 and max(vals) <= 1:  # a [0, 1] metric: the whole square and the no-loss diagonal
+        ax.plot([0, 1], [0, 1], color="grey", ls="--", lw=1, label="no loss under attack")
+        ax.set_xlim(0, 1.02)
+        ax.set_ylim(0, 1.02)
+        ax.set_aspect("equal")
+    _style(ax, f"clean {metric}", f"attacked {metric}", "generalisation vs robustness")
+    ax.legend(fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    pivot = []
+    for m in models:
+        row: dict[str, Any] = {"model": m, f"clean {metric}": next((r.get("clean") for r in rows
+                                                                   if str(r["model"]) == m), None)}
+        for s in settings:
+            row[_key(*s)] = next((r.get("adv") for r in rows if str(r["model"]) == m
+                                  and (r.get("attack"), r.get("budget")) == s), None)
+        pivot.append(row)
+    return Section("study-models", "Models: generalisation vs robustness (Paschali)",
+                   "Several models on the same data and attacks: a better clean score does not imply robustness.",
+                   [figure_image(fig, "clean vs attacked metric per model"),
+                    _table(pivot, list(pivot[0]) if pivot else [], f"attacked {metric} per model and attack")])
+
+
+def _study_correlation(study: StudyLike, class_names: Sequence[str] | None) -> Section:
+    blocks: list[Any] = []
+    emb = study.meta.get("embedding")
+    if isinstance(emb, Mapping) and emb.get("clean"):
+        plt = _plt()
+        fig, ax = plt.subplots(figsize=(7.2, 4.6))
+        from matplotlib.lines import Line2D
+
+        clean_pts, adv_pts = emb["clean"], emb.get("adv") or []
+        labels = [str(v) for v in (emb.get("labels") or ["all"] * len(clean_pts))]
+        # the 7 most frequent labels (or label sets) get a colour, the rest are grey "other"
+        counts: dict[str, int] = {}
+        for lab in labels:
+            counts[lab] = counts.get(lab, 0) + 1
+        top = sorted(counts, key=lambda c: -counts[c])[:7]
+        colour = {c: PALETTE[i] for i, c in enumerate(top)}
+        if len(adv_pts) == len(clean_pts):  # where each sample moved
+            for p, q in zip(clean_pts, adv_pts, strict=True):
+                ax.plot([p[0], q[0]], [p[1], q[1]], color="#999999", lw=0.5, alpha=0.35, zorder=1)
+        for pts, marker in ((clean_pts, "o"), (adv_pts, "x")):
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker, s=22, zorder=2, alpha=0.9,
+                       c=[colour.get(lab, "#BBBBBB") for lab in labels[: len(pts)]])
+        handles = [Line2D([], [], ls="", marker="s", color=colour[c], label=c) for c in top]
+        if len(counts) > len(top):
+            handles.append(Line2D([], [], ls="", marker="s", color="#BBBBBB", label="other"))
+        handles += [Line2D([], [], ls="", marker="o", color="#444444", label="clean"),
+                    Line2D([], [], ls="", marker="x", color="#444444", label="attacked")]
+        what = f" of layer {study.meta['layer']}" if study.meta.get("layer") else ""
+        under = f" under {_pretty_key(study.meta['attack'])}" if study.meta.get("attack") else ""
+        _style(ax, "component 1", "component 2", f"feature embedding{what}{under}")
+        ax.legend(handles=handles, fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.01, 0.5),
+                  title="label", title_fontsize=7)
+        fig.tight_layout()
+        blocks.append(figure_image(fig, "2-D projection of clean and adversarial feature embeddings",
+                                   "2-D projection of the features. Circles: clean samples; crosses: the same samples "
+                                   "attacked (a grey line joins the two), coloured by true label. Attacked samples "
+                                   "that land in another label's cluster are read by the model as that label."))
+    co = study.meta.get("cooccurrence")
+    if isinstance(co, Mapping) and co.get("clean"):
+        names = list(co.get("labels") or class_names or [str(j) for j in range(len(co["clean"]))])
+        mats = [("clean", co["clean"])] + ([("attacked", co["adv"])] if co.get("adv") else [])
+        if co.get("adv"):
+            mats.append(("attacked − clean", [[(float(a or 0) - float(b or 0)) for a, b in zip(ra, rb, strict=False)]
+                                              for ra, rb in zip(co["adv"], co["clean"], strict=False)]))
+        size = min(4.8, 1.8 + 0.35 * len(names))
+        fig, axes = _grid(len(mats), 3, size + 0.8, size)
+        vmax = max([1e-9] + [abs(float(v or 0)) for _, m in mats[:2] for row in m for v in row])
+        dmax = max([1e-9] + [abs(float(v)) for row in mats[-1][1] for v in row]) if len(mats) == 3 else 1.0
+        for ax, (title, m) in zip(axes, mats, strict=False):
+            diff = title.startswith("attacked −")
+            integer = all(float(v or 0).is_integer() for row in m for v in row)
+            _heatmap(ax, m, names, names, title=title, cmap="RdBu_r" if diff else "viridis",
+                     vmin=-dmax if diff else 0.0, vmax=dmax if diff else vmax, digits=0 if integer else 2)
+        fig.tight_layout()
+        blocks.append(figure_image(fig, "label co-occurrence, clean vs attacked",
+                                   "How often two labels are predicted together; the attack changes which labels "
+                                   "appear together."))
+    if study.rows:
+        blocks.append(_plain_table(study.rows, "all rows of the correlation study"))
+    return Section("study-correlation", "Feature and label correlation (Xu et al.)",
+                   "Where attacked samples land in the model's feature space, and how labels co-occur.", blocks)
+
+
+def _study_generic(study: StudyLike, class_names: Sequence[str] | None) -> Section:
+    return Section(f"study-{study.study}", f"Study: {study.study}", "",
+                   [_plain_table(study.rows, f"rows of the {study.study} study", collapsed=False)])
+
+
+_STUDIES = {"classwise": _study_classwise, "transfer": _study_transfer, "corruptions": _study_corruptions,
+            "noise_baseline": _study_noise_baseline, "frequency": _study_frequency, "models": _study_models,
+            "correlation": _study_correlation}
+
+
+def _study_section(study: StudyLike, class_names: Sequence[str] | None) -> Section:
+    fn = _STUDIES.get(study.study, _study_generic)
+    try:
+        return fn(study, class_names)
+    except (KeyError, TypeError, ValueError, IndexError) as err:  # rows not per the conventions: show them raw
+        sec = _study_generic(study, class_names)
+        sec.intro = (f"<span class='warn'>Could not draw this study's figures ({type(err).__name__}: {err}); its rows "
+                     "are shown as they are.</span>")
+        return sec
+
+
+# --- cases and saliency ---------------------------------------------------------------------------------------------
+def _case_section(cases: Sequence[Case | Figure]) -> Section:
+    blocks = []
+    for c in cases:
+        if isinstance(c, Case):
+            blocks.append(figure_image(plot_case(c), f"case: {c.title}"))
+        else:
+            blocks.append(figure_image(c, "case figure"))
+    return Section("cases", "Cases",
+                   "A few samples the attack changed most: the image, the perturbation (amplified: its colour range "
+                   "is stretched to its largest value, so an invisible change becomes visible), and the prediction "
+                   "before and after. Volumes show three orthogonal slices through the voxel whose prediction "
+                   "changed most (crosshair).", blocks)
+
+
+def _saliency_section(pairs: Sequence[SaliencyPair | Figure]) -> Section:
+    blocks = []
+    for p in pairs:
+        if isinstance(p, SaliencyPair):
+            blocks.append(figure_image(p.figure(), f"saliency pair: {p.title}"))
+        else:
+            blocks.append(figure_image(p, "saliency figure"))
+    return Section("saliency", "Explanations under attack",
+                   "Explanation maps before and after an attack on the explanation: the prediction can stay the "
+                   "same while the map moves.", blocks)
+
+
+# --- the page -------------------------------------------------------------------------------------------------------
+def _environment() -> Any:
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(Path(__file__).parent / "templates")),
+                             autoescape=True, trim_blocks=True, lstrip_blocks=True,
+                             undefined=jinja2.StrictUndefined)
+    return env
+
+
+def render_html_report(
+    results: Results | None = None,
+    *,
+    studies: Sequence[StudyLike] = (),
+    cases: Sequence[Case | Figure] = (),
+    saliency: Sequence[SaliencyPair | Figure] = (),
+    title: str = "medadv robustness report",
+    class_names: Sequence[str] | None = None,
+) -> str:
+    """The report as an HTML string (see :func:`write_html_report`)."""
+    from markupsafe import Markup
+
+    if results is not None and not isinstance(results, Results):
+        raise TypeError(f"`results` must be a medadv Results table or None, got {type(results).__name__}")
+    for s in studies:
+        if not isinstance(s, StudyLike):
+            raise TypeError(f"each study must have .study, .rows and .meta (a StudyResult), got {type(s).__name__}")
+    class_names = class_names or (results.meta.get("classes") if results is not None else None)
+    sections: list[Section] = []
+    if results is not None and len(results):
+        sections += _results_sections(results, class_names)
+    sections += [_study_section(s, class_names) for s in studies]
+    seen: dict[str, int] = {}
+    for sec in sections:  # two studies of one kind (e.g. class-wise of two models): distinct anchors
+        seen[sec.id] = seen.get(sec.id, 0) + 1
+        if seen[sec.id] > 1:
+            sec.id, sec.title = f"{sec.id}-{seen[sec.id]}", f"{sec.title} ({seen[sec.id]})"
+    if cases:
+        sections.append(_case_section(cases))
+    if saliency:
+        sections.append(_saliency_section(saliency))
+    # intros and findings hold a little markup of ours (<b>, <i>, links); table cells and titles are escaped
+    for sec in sections:
+        sec.intro = Markup(sec.intro)  # type: ignore[assignment]
+        for b in sec.blocks:
+            if isinstance(b, Bullets):
+                b.items = [Markup(i) for i in b.items]
+    from .. import __version__ as version
+
+    return str(_environment().get_template("report.html.j2").render(
+        title=title, sections=sections, version=version,
+        n_figures=sum(isinstance(b, Image) for s in sections for b in s.blocks)))
+
+
+def write_html_report(
+    results: Results | None,
+    out_dir: str | os.PathLike,
+    *,
+    studies: Sequence[StudyLike] = (),
+    cases: Sequence[Case | Figure] = (),
+    saliency: Sequence[SaliencyPair | Figure] = (),
+    title: str = "medadv robustness report",
+    class_names: Sequence[str] | None = None,
+    filename: str = "report.html",
+) -> Path:
+    """Write one self-contained ``report.html`` into ``out_dir`` and return its path.
+
+    Args:
+        results: the evaluation table (:func:`medadv.evaluation.evaluate`), or None for a report of
+            studies only.
+        out_dir: the folder (created if needed); typically the one holding ``report.md``.
+        studies: :class:`~medadv.studies.base.StudyResult` objects (any object with ``study``, ``rows``
+            and ``meta``), each drawn per its study's row conventions; an unknown study or rows that do not
+            follow them are shown as a table.
+        cases: :class:`~medadv.report.cases.Case` objects (:func:`~medadv.report.cases.select_cases`) or
+            ready matplotlib figures.
+        saliency: :class:`~medadv.report.cases.SaliencyPair` objects or ready figures.
+        title: the page title.
+        class_names: names of the classes / labels / tissues (default ``results.meta["classes"]``, else
+            indices).
+        filename: the file name inside ``out_dir``.
+    """
+    html = render_html_report(results, studies=studies, cases=cases, saliency=saliency, title=title,
+                              class_names=class_names)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / filename
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(html, encoding="utf-8")
+    os.replace(tmp, path)
+    return path

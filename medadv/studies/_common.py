@@ -1,0 +1,164 @@
+"""Plumbing shared by the studies: data batches, named attacks, clean and attacked forwards."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..attacks.base import Attack, AttackResult
+from ..runtime import attack_mode, check_input, forward_tensor, model_device
+from ..tasks import Task
+
+TargetFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+AttackSpec = Attack | Sequence[Attack] | Mapping[str, Attack]
+
+
+def named_attacks(attacks: AttackSpec | None) -> list[tuple[str, Attack]]:
+    """``[(name, attack)]`` from one attack, a list (named by ``attack.name``) or a mapping, as in ``evaluate``;
+    ``None`` or empty: no attack."""
+    if attacks is None:
+        return []
+    if isinstance(attacks, Attack):
+        items = [(attacks.name, attacks)]
+    elif isinstance(attacks, Mapping):
+        items = [(str(k), v) for k, v in attacks.items()]
+    elif isinstance(attacks, Sequence) and not isinstance(attacks, str):
+        items = [(getattr(a, "name", repr(a)), a) for a in attacks]
+    else:
+        raise TypeError("`attacks` must be an Attack, a sequence of Attacks or a name->Attack mapping, "
+                        f"got {type(attacks).__name__}")
+    seen = set()
+    for name, atk in items:
+        if not isinstance(atk, Attack):
+            raise TypeError(f"`attacks` entry {name!r} is not a medadv Attack: {atk!r}")
+        if (name, atk.budget) in seen:
+            raise ValueError(f"`attacks` has two entries named {name!r} with budget {atk.budget}; give them "
+                             "distinct names (a {name: attack} mapping)")
+        seen.add((name, atk.budget))
+    return items
+
+
+def _plain(t: Any) -> Any:
+    """A MONAI MetaTensor as a plain tensor (its metadata is not needed here)."""
+    return t.as_tensor() if isinstance(t, Tensor) and hasattr(t, "as_tensor") else t
+
+
+def batches(data: Any, image_key: str = "image", label_key: str = "label") -> Iterator[tuple[Tensor, Tensor]]:
+    """``(x, y)`` batches of an ``(x, y)`` pair, an iterable of ``(x, y)`` batches (a DataLoader) or of MONAI
+    dictionary batches (``{"image": x, "label": y}``)."""
+    if isinstance(data, tuple | list) and len(data) == 2 and isinstance(data[0], Tensor):
+        items: Iterable[Any] = [data]
+    elif isinstance(data, Mapping) and image_key in data:
+        items = [data]
+    else:
+        items = data
+    for item in items:
+        if isinstance(item, Mapping):
+            if image_key not in item or label_key not in item:
+                raise TypeError(f"a dictionary batch needs {image_key!r} and {label_key!r} keys, got {list(item)}")
+            x, y = item[image_key], item[label_key]
+        elif isinstance(item, tuple | list) and len(item) >= 2:
+            x, y = item[0], item[1]
+        else:
+            raise TypeError("`data` must be an (x, y) tensor pair or an iterable of (x, y) or dictionary batches")
+        x, y = _plain(x), _plain(y)
+        check_input(x)
+        if not isinstance(y, Tensor) or y.ndim == 0 or y.shape[0] != x.shape[0]:
+            raise ValueError(f"`y` of a batch must be a tensor with one label per sample ({x.shape[0]})")
+        yield x, y
+
+
+def check_model(model: Any, what: str = "model") -> nn.Module:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"`{what}` must be a torch.nn.Module, got {type(model).__name__}")
+    return model
+
+
+def check_task(task: Any) -> Task:
+    if not isinstance(task, Task):
+        raise TypeError(f"`task` must be a medadv Task (MultiClass, MultiLabel, Segmentation), got {task!r}")
+    return task
+
+
+def check_models(models: Any, what: str) -> dict[str, nn.Module]:
+    if not isinstance(models, Mapping) or not models:
+        raise TypeError(f"`{what}` must be a non-empty mapping name -> nn.Module, got {type(models).__name__}")
+    return {str(k): check_model(m, f"{what}[{k!r}]") for k, m in models.items()}
+
+
+def is_targeted(attack: Attack) -> bool:
+    return bool(getattr(attack, "targeted", False) or type(attack).always_targeted)
+
+
+def check_targets(named: list[tuple[str, Attack]], target_fn: TargetFn | None) -> None:
+    if target_fn is None and any(is_targeted(a) for _, a in named):
+        which = ", ".join(repr(n) for n, a in named if is_targeted(a))
+        raise ValueError(f"`target_fn` is required because attack(s) {which} are targeted: give "
+                         "target_fn(x, y, clean_logits) -> target")
+
+
+def key(name: str, budget: float | None) -> str:
+    """The label of an (attack, budget) pair in ``meta`` dicts: ``"pgd@0.0314"`` (``"dag"`` without a budget)."""
+    return name if budget is None else f"{name}@{budget:.4g}"
+
+
+def forward(model: nn.Module, x: Tensor) -> Tensor:
+    """Logits of ``model`` on ``x`` (eval mode, no gradients, on the model's device; mode restored)."""
+    with attack_mode(model), torch.no_grad():
+        return forward_tensor(model, x.to(model_device(model, x.device)))
+
+
+def robust_metric(task: Task, logits: Tensor, y: Tensor) -> Tensor:
+    """``(N,)`` per-sample value of the task's robust metric (accuracy / exact match / mean Dice), on the CPU."""
+    return task.robust_metric(logits, y.to(logits.device)).detach().double().cpu()
+
+
+@dataclass
+class Attacked:
+    """One attack on one batch: the attack's name, the attack, the target it was given and its result."""
+
+    name: str
+    attack: Attack
+    target: Tensor
+    result: AttackResult
+
+
+@dataclass
+class Batch:
+    x: Tensor  # on the model's device
+    y: Tensor  # on the model's device
+    clean_logits: Tensor
+    attacked: list[Attacked]
+
+
+def attacked_batches(model: nn.Module, task: Task, data: Any, named: list[tuple[str, Attack]],
+                     target_fn: TargetFn | None = None) -> Iterator[Batch]:
+    """Every batch of ``data`` with its clean logits and each attack's result (crafted on ``model``).
+
+    Untargeted attacks get the true labels; targeted ones ``target_fn(x, y, clean_logits)`` (as in ``evaluate``).
+    """
+    check_targets(named, target_fn)
+    device = model_device(model)
+    for x, y in batches(data):
+        x, y = x.to(device), y.to(device)
+        clean = forward(model, x)
+        task.validate(clean, y, "y")
+        out = []
+        for name, atk in named:
+            target = target_fn(x, y, clean) if target_fn is not None and is_targeted(atk) else y
+            out.append(Attacked(name, atk, target, atk(model, x, target)))
+        yield Batch(x, y, clean, out)
+
+
+def cat(chunks: Iterable[Tensor]) -> Tensor:
+    return torch.cat([c.detach().cpu() for c in chunks])
+
+
+def mean(values: Tensor) -> float | None:
+    """Mean of a 1-D tensor ignoring NaN; ``None`` when nothing is left (JSON null)."""
+    v = values[~torch.isnan(values)] if values.is_floating_point() else values
+    return float(v.double().mean()) if v.numel() else None

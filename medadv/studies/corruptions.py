@@ -1,0 +1,458 @@
+"""Common corruptions with the flip probability (Xu et al. 2021, Robust-Benchmark) and the noise baseline at
+matched SSIM (Paschali et al. 2018).
+
+**Corruptions.** Each corruption of the suite is a MONAI transform (2-D and 3-D) with five severity levels;
+every corrupted input is clipped to the data box. Each test image becomes a short sequence of ``frames``
+frames, frame 0 the clean image (ImageNet-P style, as in Xu et al.'s Robust-Benchmark):
+
+* *random* corruptions (noise, bias field, k-space spike, elastic, motion-like): frames ``1..n-1`` are
+  independent draws at the severity, compared with frame 0 (ImageNet-P's rule for noise sequences);
+* *ramp* corruptions (deterministic: Gibbs ringing, blur, contrast): the strength grows linearly from none
+  (frame 0) to the severity (last frame), and each frame is compared with the previous one (Eq. 5).
+
+The flip probability is ``FP = 1 / (r (n − 1)) Σ_i Σ_j 1[C(x_j) ≠ C(x_ref)]`` over the ``r`` sequences and
+``n − 1`` transitions, counted per prediction element: per image (multi-class), per label (multi-label,
+Xu et al.'s FP_ML) or per voxel (segmentation; spatial corruptions move the clean prediction with the same
+transform, so a flip is a voxel whose prediction does not follow the anatomy). ``metric`` is the mean robust
+metric on the corrupted frames (random) or on the last, full-severity frame (ramp); spatial corruptions of a
+segmentation move its label map too (nearest neighbour). Random draws are seeded per (sample, frame,
+corruption) and shared across severities, so the curves over severity compare like with like; MONAI's own
+random state is used, never torch's global RNG.
+
+**Noise baseline.** For every adversarial example, Gaussian (or Rician) noise with a fixed per-sample draw
+``z`` is scaled by a per-sample σ found by bisection until its SSIM to the clean image equals the
+adversarial example's (``match="ssim"``), or its L2 distance does (``match="l2"``); the model is then
+evaluated on the noisy images. ``adv_metric`` well below ``noise_metric`` at equal SSIM is Paschali et
+al.'s finding that adversarial perturbations are not merely noise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..metrics.image import ssim
+from ..tasks import Segmentation, Task
+from ..threats import Bounds, Box
+from ._common import (
+    AttackSpec,
+    TargetFn,
+    attacked_batches,
+    batches,
+    check_model,
+    check_task,
+    forward,
+    mean,
+    named_attacks,
+    robust_metric,
+)
+from .base import StudyResult
+
+__all__ = ["Corruption", "SUITE", "corruption_suite", "corruptions", "noise_baseline", "sequence_flips"]
+
+# mean voxel displacement per unit of MONAI's elastic ``magnitude`` (measured on MONAI 1.6: control-point
+# spacing max(4, size/4) in 2-D, Gaussian σ = 3 voxels in 3-D), so that severity levels read in voxels
+_ELASTIC_GAIN = {2: 1.2, 3: 0.026}
+
+
+@dataclass(frozen=True)
+class Corruption:
+    """One corruption: a MONAI dictionary transform built for a strength ``param``.
+
+    Attributes:
+        name: its name in the rows.
+        levels: the parameter at severities 1..5 (units in ``unit``).
+        kind: ``"random"`` (independent draws per frame, compared with frame 0) or ``"ramp"`` (deterministic;
+            strength grows over the frames, each compared with the previous).
+        spatial: moves the anatomy (segmentation label maps and the clean prediction move with it).
+        identity: the parameter value that leaves the image unchanged (start of a ramp).
+        unit: what ``levels`` measure.
+        build: ``build(param, ndim, data_range, spatial_shape, keys, nearest_keys)`` -> a MONAI dict transform.
+    """
+
+    name: str
+    levels: tuple[float, ...]
+    kind: str
+    spatial: bool
+    identity: float
+    unit: str
+    build: Callable[..., Any]
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "levels": list(self.levels), "kind": self.kind, "spatial": self.spatial,
+                "unit": self.unit}
+
+
+def _gaussian(p: float, nd: int, rng: float, shape: Sequence[int], keys: list[str], near: list[str]) -> Any:
+    from monai.transforms import RandGaussianNoised
+
+    return RandGaussianNoised(["image"], prob=1.0, std=p * rng, sample_std=False)
+
+
+def _rician(p: float, nd: int, rng: float, shape: Sequence[int], keys: list[str], near: list[str]) -> Any:
+    from monai.transforms import RandRicianNoised
+
+    return RandRicianNoised(["image"], prob=1.0, std=p * rng, sample_std=False)
+
+
+def _bias(p: float, nd: int, rng: float, shape: Sequence[int], keys: list[str], near: list[str]) -> Any:
+    from monai.transforms import RandBiasFieldd
+
+    return RandBiasFieldd(["image"], degree=3, coeff_range=(-p, p), prob=1.0)
+
+
+def _gibbs(p: float, nd: int, rng: float, shape: Sequence[int], keys: list[str], near: list[str]) -> Any:
+    from monai.transforms import GibbsNoised
+
+    return GibbsNoised(["image"], alpha=p)
+
+
+def _spike(p: float, nd: int, rng: float, shape: Sequence[int], keys: list[str], near: list[str]) -> Any:
+    from monai.transforms import RandKSpaceSpikeNoised
+
+    # MONAI sets the log-magnitude of one k-space coefficient; a coefficient of magnitude A adds a grating of
+    # amplitude A / (number of voxels) after the inverse FFT, so this is a grating of p · data range
+    intensity = math.log(max(p * rng * math.prod(shape), 1e-12))
+    return RandKSpaceSpikeNoised(["image"], prob=1.0, intensity_range=(intensity, intensity), channel_wise=False)
+
+
+def _blur(p: float, nd: int, rng: float, shape: Sequence[int], keys: list[str], near: list[str]) -> Any:
+    from monai.transforms import GaussianSmoothd
+
+    return GaussianSmoothd(["image"], sigma=p)
+
+
+def _contrast(p: float, nd: int, rng: float, shape: Sequence[int], keys: list[str], near: list[str]) -> Any:
+    from monai.transforms import AdjustContrastd
+
+    return AdjustContrastd(["image"], gamma=p)
+
+
+def _modes(keys: list[str], near: list[str]) -> list[str]:
+    return ["nearest" if k in near else "bilinear" for k in keys]
+
+
+def _elastic(p: float, nd: int, rng: float, shape: Sequence[int], keys: list[str], near: list[str]) -> Any:
+    from monai.transforms import Rand2DElasticd, Rand3DElasticd
+
+    magnitude = p / _ELASTIC_GAIN[nd]
+    if nd == 2:
+        return Rand2DElasticd(keys, spacing=max(4, min(shape) // 4), magnitude_range=(magnitude, magnitude),
+                              prob=1.0, mode=_modes(keys, near), padding_mode="border")
+    return Rand3DElasticd(keys, sigma_range=(3.0, 3.0), magnitude_range=(magnitude, magnitude), prob=1.0,
+                          mode=_modes(keys, near), padding_mode="border")
+
+
+def _motion(p: float, nd: int, rng: float, shape: Sequence[int], keys: list[str], near: list[str]) -> Any:
+    from monai.transforms import RandAffined
+
+    # rigid patient movement: rotation up to p degrees about every axis and translation up to p/2 voxels
+    rot = math.radians(p)
+    return RandAffined(keys, prob=1.0, rotate_range=(rot,) * (1 if nd == 2 else 3), translate_range=(p / 2,) * nd,
+                       mode=_modes(keys, near), padding_mode="border")
+
+
+#: the default suite (MONAI 1.6 transforms); severities 1..5 index ``levels``
+SUITE: tuple[Corruption, ...] = (
+    Corruption("gaussian_noise", (0.02, 0.04, 0.06, 0.08, 0.10), "random", False, 0.0,
+               "noise std, fraction of the data range (RandGaussianNoise)", _gaussian),
+    Corruption("rician_noise", (0.02, 0.04, 0.06, 0.08, 0.10), "random", False, 0.0,
+               "noise std, fraction of the data range (RandRicianNoise)", _rician),
+    Corruption("bias_field", (0.1, 0.2, 0.3, 0.4, 0.5), "random", False, 0.0,
+               "largest Legendre coefficient of the log bias field, degree 3 (RandBiasField)", _bias),
+    Corruption("kspace_spike", (0.02, 0.04, 0.06, 0.08, 0.10), "random", False, 0.0,
+               "amplitude of the spike's grating, fraction of the data range (RandKSpaceSpikeNoise)", _spike),
+    Corruption("gibbs", (0.2, 0.35, 0.5, 0.65, 0.8), "ramp", False, 0.0,
+               "fraction of k-space truncated (GibbsNoise alpha)", _gibbs),
+    Corruption("blur", (0.5, 0.75, 1.0, 1.25, 1.5), "ramp", False, 0.0,
+               "Gaussian sigma in voxels (GaussianSmooth)", _blur),
+    Corruption("contrast", (1.2, 1.4, 1.7, 2.0, 2.5), "ramp", False, 1.0,
+               "gamma on the min-max normalised image (AdjustContrast)", _contrast),
+    Corruption("elastic", (0.5, 0.75, 1.0, 1.5, 2.0), "random", True, 0.0,
+               "mean displacement in voxels (Rand2DElastic / Rand3DElastic)", _elastic),
+    Corruption("motion", (1.0, 2.0, 3.0, 4.0, 6.0), "random", True, 0.0,
+               "rigid motion: rotation up to this many degrees, translation up to half as many voxels (RandAffine)",
+               _motion),
+)
+
+
+def corruption_suite(names: Sequence[str | Corruption] | None = None) -> list[Corruption]:
+    """The corruptions named (default: all of :data:`SUITE`); :class:`Corruption` objects pass through."""
+    if names is None:
+        return list(SUITE)
+    known = {c.name: c for c in SUITE}
+    out = []
+    for n in names:
+        if isinstance(n, Corruption):
+            out.append(n)
+        elif n in known:
+            out.append(known[n])
+        else:
+            from ..params import closest
+
+            c = closest(str(n), list(known))
+            raise ValueError(f"unknown corruption {n!r}{f'; did you mean {c!r}?' if c else ''} "
+                             f"(known: {', '.join(known)})")
+    return out
+
+
+def _apply(corr: Corruption, param: float, x: Tensor, extras: dict[str, Tensor], seeds: Sequence[int],
+           data_range: float, box: Box) -> tuple[Tensor, dict[str, Tensor]]:
+    """Corrupt each sample of ``x`` (and move the label-like ``extras`` for spatial corruptions)."""
+    nd = x.ndim - 2
+    keys = ["image", *extras] if corr.spatial else ["image"]
+    near = list(extras) if corr.spatial else []
+    transform = corr.build(param, nd, data_range, tuple(x.shape[2:]), keys, near)
+    imgs: list[Tensor] = []
+    moved: dict[str, list[Tensor]] = {k: [] for k in extras}
+    for i in range(x.shape[0]):
+        if hasattr(transform, "set_random_state"):
+            transform.set_random_state(seed=int(seeds[i]))
+        sample: dict[str, Any] = {"image": x[i].detach().cpu().float()}
+        for k, v in extras.items():  # label maps as channel-first floats, moved by nearest neighbour
+            sample[k] = v[i].detach().cpu().float().unsqueeze(0)
+        out = transform(sample)
+        imgs.append(torch.as_tensor(out["image"]).as_subclass(Tensor).to(x.dtype))
+        for k in extras:
+            src = out[k] if corr.spatial else sample[k]
+            moved[k].append(torch.as_tensor(src).as_subclass(Tensor)[0].round().long())
+    xc = box.clip(torch.stack(imgs).to(x.device))
+    return xc, {k: torch.stack(v) for k, v in moved.items()}
+
+
+def sequence_flips(preds: Sequence[Tensor], refs: Sequence[Tensor], mask: Tensor | None = None) -> tuple[float, int]:
+    """``(flips, count)``: prediction elements of frame ``j`` that differ from ``refs[j]``, summed over frames.
+
+    ``preds`` and ``refs`` are lists of equally shaped prediction tensors (one per transition); ``mask`` (bool,
+    same shape) keeps only the elements that count (segmentation ``ignore_index``).
+    """
+    flips, count = 0.0, 0
+    for p, r in zip(preds, refs, strict=True):
+        diff = (p != r)
+        if mask is not None:
+            diff = diff & mask
+            count += int(mask.sum())
+        else:
+            count += diff.numel()
+        flips += float(diff.sum())
+    return flips, count
+
+
+def _seeds(seed: int, corruption: int, frame: int, first: int, n: int) -> list[int]:
+    # shared across severities (common random numbers); distinct per sample, frame and corruption
+    return [(seed * 7919 + corruption * 104729 + frame * 1299709 + first + i) % (2**32) for i in range(n)]
+
+
+def corruptions(
+    model: nn.Module,
+    task: Task,
+    data: Any,
+    *,
+    bounds: Box | Bounds | None,
+    severities: Sequence[int] = range(1, 6),
+    suite: Sequence[str | Corruption] | None = None,
+    frames: int = 5,
+    seed: int = 0,
+) -> StudyResult:
+    """Corruption robustness at five severities with the flip probability (Xu et al. 2021).
+
+    Args:
+        model: the model (mode and parameters are left as they were).
+        task: how to read its output.
+        data: an ``(x, y)`` pair or an iterable of ``(x, y)`` batches; images ``(N, C, H, W)`` or volumes
+            ``(N, C, D, H, W)``.
+        bounds: the data box (a :class:`~medadv.threats.Box` or ``(lo, hi)`` in data units); corrupted images are
+            clipped to it and intensity levels are fractions of its range. ``None``: unbounded (no clipping; the
+            range of each batch).
+        severities: which of the levels 1..5 to run.
+        suite: corruption names from :data:`SUITE` or :class:`Corruption` objects (default: all of them).
+        frames: frames per sequence, frame 0 clean (>= 2).
+        seed: seed of the random corruptions (MONAI's random state per sample and frame).
+
+    Returns:
+        ``StudyResult("corruptions")``: rows ``{corruption, severity, param, kind, metric_clean, metric,
+        flip_probability}``, ``metric*`` the task's robust metric (``meta["metric"]``).
+    """
+    check_model(model)
+    check_task(task)
+    box = Box.coerce(bounds)
+    corrs = corruption_suite(suite)
+    sev = [int(s) for s in severities]
+    if any(s < 1 or s > 5 for s in sev) or not sev:
+        raise ValueError(f"`severities` must be levels in 1..5, got {list(severities)}")
+    if int(frames) < 2:
+        raise ValueError(f"`frames` must be >= 2 (frame 0 is the clean image), got {frames}")
+    frames = int(frames)
+    # (corruption, severity) -> [metric sum, metric count, flip sum, flip count]
+    acc = {(c.name, s): [0.0, 0, 0.0, 0] for c in corrs for s in sev}
+    clean_sum, clean_n, first = 0.0, 0, 0
+    seg = isinstance(task, Segmentation)
+    for x, y in batches(data):
+        logits0 = forward(model, x)
+        y = y.to(logits0.device)
+        task.validate(logits0, y, "y")
+        pred0 = task.predict(logits0)
+        m0 = robust_metric(task, logits0, y)
+        clean_sum, clean_n = clean_sum + float(m0.sum()), clean_n + m0.numel()
+        data_range = box.data_range(x)
+        for ci, corr in enumerate(corrs):
+            extras = {"label": y, "ref": pred0} if seg and corr.spatial else {}
+            for s in sev:
+                level = corr.levels[s - 1]
+                entry = acc[(corr.name, s)]
+                prev = pred0
+                for j in range(1, frames):
+                    if corr.kind == "ramp":
+                        param = corr.identity + (level - corr.identity) * j / (frames - 1)
+                    else:
+                        param = level
+                    xc, moved = _apply(corr, param, x, extras, _seeds(seed, ci, j, first, x.shape[0]),
+                                       data_range, box)
+                    logits = forward(model, xc)
+                    yj = moved.get("label", y).to(logits.device)
+                    pred = task.predict(logits)
+                    ref = moved["ref"].to(pred.device) if "ref" in moved else (prev if corr.kind == "ramp" else pred0)
+                    mask = task.valid_mask(yj) if seg else None
+                    f, n = sequence_flips([pred], [ref], mask)
+                    entry[2] += f
+                    entry[3] += n
+                    if corr.kind == "random" or j == frames - 1:
+                        m = robust_metric(task, logits, yj)
+                        entry[0] += float(m.sum())
+                        entry[1] += m.numel()
+                    prev = pred
+        first += x.shape[0]
+    if clean_n == 0:
+        raise ValueError("`data` is empty")
+    rows = []
+    for corr in corrs:
+        for s in sev:
+            msum, mn, fsum, fn = acc[(corr.name, s)]
+            rows.append({"corruption": corr.name, "severity": s, "param": corr.levels[s - 1], "kind": corr.kind,
+                         "metric_clean": clean_sum / clean_n, "metric": msum / mn if mn else None,
+                         "flip_probability": fsum / fn if fn else None})
+    meta = {"metric": task.robust_metric_name, "frames": frames, "seed": seed, "bounds": box.describe(),
+            "suite": [c.describe() for c in corrs]}
+    return StudyResult("corruptions", rows, meta)
+
+
+# --- noise at matched SSIM / L2 -----------------------------------------------------------------------------------
+def _noisy(x: Tensor, z: Tensor, sigma: Tensor, noise: str, box: Box) -> Tensor:
+    s = sigma.reshape(-1, *([1] * (x.ndim - 1)))
+    if noise == "gaussian":
+        out = x + s * z[0]
+    else:  # Rician magnitude: sqrt((x + n1)^2 + n2^2)
+        out = torch.sqrt((x + s * z[0]) ** 2 + (s * z[1]) ** 2)
+    return box.clip(out)
+
+
+def _win(x: Tensor) -> int:
+    w = min(11, min(x.shape[2:]))
+    return w if w % 2 == 1 else w - 1
+
+
+def match_noise(x: Tensor, target: Tensor, *, box: Box, match: str = "ssim", noise: str = "gaussian",
+                generator: torch.Generator | None = None, iters: int = 40) -> tuple[Tensor, Tensor]:
+    """Per-sample noise whose SSIM (or L2 distance) to ``x`` equals ``target`` ``(N,)``, by bisection on σ.
+
+    Returns ``(x_noisy, sigma)``. SSIM is :func:`medadv.metrics.image.ssim` (Gaussian window of at most 11
+    voxels, ``data_range`` of the box); the noise draw ``z`` is fixed per sample, only its scale σ changes.
+    """
+    if match not in ("ssim", "l2"):
+        raise ValueError(f"`match` must be 'ssim' or 'l2', got {match!r}")
+    if noise not in ("gaussian", "rician"):
+        raise ValueError(f"`noise` must be 'gaussian' or 'rician', got {noise!r}")
+    rng = box.data_range(x)
+    z = torch.randn((2, *x.shape), generator=generator, dtype=x.dtype, device="cpu").to(x.device)
+    win = _win(x)
+
+    def measure(sigma: Tensor) -> Tensor:
+        xn = _noisy(x, z, sigma, noise, box)
+        if match == "ssim":
+            return ssim(x, xn, data_range=rng, win_size=win)
+        return (xn - x).reshape(x.shape[0], -1).norm(dim=1)
+
+    # SSIM falls and L2 grows with σ: find an upper bracket, then bisect
+    lo = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
+    hi = torch.full_like(lo, rng)
+    beyond = (lambda v: v <= target) if match == "ssim" else (lambda v: v >= target)
+    for _ in range(20):
+        ok = beyond(measure(hi))
+        if bool(ok.all()):
+            break
+        hi = torch.where(ok, hi, hi * 2)
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        ok = beyond(measure(mid))
+        hi, lo = torch.where(ok, mid, hi), torch.where(ok, lo, mid)
+    sigma = (lo + hi) / 2
+    return _noisy(x, z, sigma, noise, box), sigma
+
+
+def noise_baseline(
+    model: nn.Module,
+    task: Task,
+    data: Any,
+    attacks: AttackSpec,
+    *,
+    match: str = "ssim",
+    noise: str = "gaussian",
+    seed: int = 0,
+    target_fn: TargetFn | None = None,
+) -> StudyResult:
+    """Adversarial vs random noise at the same SSIM (or L2) per example (Paschali et al. 2018).
+
+    Args:
+        model, task, data, attacks: as for ``evaluate``.
+        match: ``"ssim"`` (Paschali et al.) or ``"l2"``: the quantity the noise matches, per example.
+        noise: ``"gaussian"`` (images) or ``"rician"`` (MRI magnitude).
+        seed: seed of the noise draws (a private generator; torch's global RNG is not touched).
+        target_fn: for targeted attacks, as in ``evaluate``.
+
+    Returns:
+        ``StudyResult("noise_baseline")``: rows ``{attack, budget, clean_metric, adv_metric, noise_metric,
+        ssim_adv, ssim_noise, l2_adv, l2_noise, sigma}`` (means over the samples; metric = the task's robust
+        metric, ``meta["metric"]``).
+    """
+    check_model(model)
+    check_task(task)
+    named = named_attacks(attacks)
+    if not named:
+        raise ValueError("`attacks` is empty: the noise baseline matches each attack's examples")
+    gen = torch.Generator().manual_seed(int(seed))
+    cols = ("clean_metric", "adv_metric", "noise_metric", "ssim_adv", "ssim_noise", "l2_adv", "l2_noise", "sigma")
+    acc: dict[int, dict[str, list[Tensor]]] = {i: {c: [] for c in cols} for i in range(len(named))}
+    for batch in attacked_batches(model, task, data, named, target_fn):
+        x, y = batch.x, batch.y
+        m_clean = robust_metric(task, batch.clean_logits, y)
+        for i, att in enumerate(batch.attacked):
+            box = att.attack.box
+            rng, win = box.data_range(x), _win(x)
+            x_adv = att.result.x_adv.to(x.device)
+            s_adv = ssim(x, x_adv, data_range=rng, win_size=win)
+            l2_adv = (x_adv - x).reshape(x.shape[0], -1).norm(dim=1)
+            x_noise, sigma = match_noise(x, s_adv if match == "ssim" else l2_adv, box=box, match=match,
+                                         noise=noise, generator=gen)
+            logits_noise = forward(model, x_noise)
+            a = acc[i]
+            a["clean_metric"].append(m_clean)
+            a["adv_metric"].append(robust_metric(task, att.result.logits, y))
+            a["noise_metric"].append(robust_metric(task, logits_noise, y))
+            a["ssim_adv"].append(s_adv.detach().double().cpu())
+            a["ssim_noise"].append(ssim(x, x_noise, data_range=rng, win_size=win).detach().double().cpu())
+            a["l2_adv"].append(l2_adv.detach().double().cpu())
+            a["l2_noise"].append((x_noise - x).reshape(x.shape[0], -1).norm(dim=1).detach().double().cpu())
+            a["sigma"].append(sigma.detach().double().cpu())
+    rows = []
+    for i, (name, atk) in enumerate(named):
+        if not acc[i]["adv_metric"]:
+            raise ValueError("`data` is empty")
+        rows.append({"attack": name, "budget": atk.budget,
+                     **{c: mean(torch.cat(acc[i][c])) for c in cols}})
+    return StudyResult("noise_baseline", rows, {"metric": task.robust_metric_name, "match": match, "noise": noise,
+                                                "seed": seed})

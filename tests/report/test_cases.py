@@ -1,0 +1,133 @@
+"""Case figures: the right samples, the right slices, the right panels."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from medadv.attacks import PGD
+from medadv.report.cases import Case, SaliencyPair, make_cases, most_changed_voxel, plot_case, select_cases
+from medadv.tasks import MultiClass, MultiLabel, Segmentation
+from medadv.threats import Linf
+
+
+def _volume_case(change_at=(5, 9, 2), lone=(12, 1, 13), label=True):
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(1, 16, 16, 16, generator=g)
+    clean = torch.zeros(16, 16, 16, dtype=torch.long)
+    adv = clean.clone()
+    i, j, k = change_at
+    adv[i - 1 : i + 2, j - 1 : j + 2, k - 1 : k + 2] = 2  # a changed 3x3x3 region ...
+    adv[lone] = 1  # ... beats a lone flipped voxel
+    delta = torch.zeros_like(x)
+    delta[0, lone] = 0.5  # and the largest perturbation elsewhere does not matter when predictions changed
+    return Case(x, x + delta, clean, adv, "segmentation", label=clean if label else None,
+                class_names=["bg", "a", "b"], title="t", note="n", axis_names=("sagittal", "coronal", "axial"))
+
+
+def test_most_changed_voxel_is_the_centre_of_the_changed_region():
+    assert most_changed_voxel(_volume_case()) == (5, 9, 2)
+    # a change touching the border: the nearest voxel at least 16/8 = 2 voxels inside
+    assert most_changed_voxel(_volume_case(change_at=(1, 14, 7))) == (2, 13, 7)
+    # of two equal changed regions, the one away from the border wins
+    case = _volume_case(change_at=(8, 8, 8))
+    case.adv[0:3, 0:3, 0:3] = 2
+    assert most_changed_voxel(case) == (8, 8, 8)
+
+
+def test_most_changed_voxel_falls_back_to_the_perturbation():
+    x = torch.zeros(2, 8, 8, 8)
+    delta = torch.zeros_like(x)
+    delta[:, 3:6, 1:4, 4:7] = 0.01  # a patch of small changes on both channels ...
+    delta[0, 0, 7, 0] = 0.02  # ... beats a single larger one
+    same = torch.zeros(8, 8, 8, dtype=torch.long)
+    assert most_changed_voxel(Case(x, x + delta, same, same, "segmentation")) == (4, 2, 5)
+
+
+def test_volume_figure_shows_the_three_orthogonal_slices_through_that_voxel():
+    case = _volume_case()
+    fig = plot_case(case)
+    c = (5, 9, 2)
+    axes = np.array(fig.axes[:15]).reshape(3, 5)  # 3 slices x (image, perturbation, clean, attacked, truth)
+    vol = case.x[0].numpy()
+    delta = case.delta[0].numpy()
+    for r, plane in enumerate((vol[c[0]], vol[:, c[1]], vol[:, :, c[2]])):
+        np.testing.assert_allclose(axes[r][0].images[0].get_array(), plane.T)  # origin lower, 2nd axis up
+        rest = [a for a in range(3) if a != r]
+        assert axes[r][0].lines[0].get_xdata()[0] == c[rest[0]]  # the crosshair sits on the voxel
+        assert axes[r][0].lines[1].get_ydata()[0] == c[rest[1]]
+        assert axes[r][0].get_ylabel() == f"{case.axis_names[r]} = {c[r]}"
+    np.testing.assert_allclose(axes[0][1].images[0].get_array(), delta[c[0]].T)
+    adv_overlay = np.ma.getdata(axes[1][3].images[1].get_array())  # the attacked labels over the image
+    np.testing.assert_array_equal(adv_overlay, case.adv[:, c[1]].numpy().T)
+    assert [a.get_title() for a in axes[0]][2:] == ["clean prediction", "attacked prediction", "ground truth"]
+    lim = float(case.delta.abs().max())
+    assert axes[0][1].images[0].get_clim() == (-lim, lim)  # the perturbation is stretched to its full range
+    assert "t\nn" in fig._suptitle.get_text()
+
+
+def test_classification_case_shows_the_probabilities(trained_multiclass):
+    t = trained_multiclass
+    logits = t.model(t.x).detach()
+    adv_logits = logits.clone()
+    adv_logits[3] = adv_logits[3].flip(0)  # sample 3 changes its prediction (if its top class is not central)
+    cases = make_cases(MultiClass(), t.x, t.x + 0.01, logits, adv_logits, t.y, k=1, class_names=list("ABCD"))
+    assert len(cases) == 1 and cases[0].title == "sample 3"
+    fig = plot_case(cases[0])
+    assert len(fig.axes) == 4
+    bars = [p.get_width() for p in fig.axes[2].patches]
+    np.testing.assert_allclose(bars, logits[3].softmax(0).numpy(), rtol=1e-5)  # one bar per class, in order
+    pred = "ABCD"[int(logits[3].argmax())]
+    assert fig.axes[2].get_title().endswith(f"→ {pred}")
+    assert fig.axes[0].get_title() == f"image\ntrue: {'ABCD'[int(t.y[3])]}"
+
+
+def test_select_cases_picks_the_samples_the_attack_changed_most(trained_seg2d):
+    t = trained_seg2d
+    atk = PGD(t.task, Linf(0.08, bounds=(float(t.x.min()), float(t.x.max()))), steps=3)
+    cases = select_cases(t.model, t.task, t.x, t.y, atk, k=3)
+    fractions = [float((c.clean != c.adv).double().mean()) for c in cases]
+    assert fractions == sorted(fractions, reverse=True) and fractions[0] > 0
+    assert all(c.title.startswith("pgd ε=0.08 · sample ") and "Dice" in c.note for c in cases)
+    fig = plot_case(cases[0])
+    assert len(fig.axes) == 5  # image, perturbation, clean, attacked, ground truth
+    assert len(fig.legends) == 1 and [t.get_text() for t in fig.legends[0].texts] == ["1", "2"]
+
+
+def test_multilabel_case_and_saliency_pair(trained_multilabel):
+    t = trained_multilabel
+    logits = t.model(t.x[:4]).detach()
+    case = make_cases(MultiLabel(), t.x[:4], t.x[:4], logits, -logits, t.y[:4], k=1)[0]
+    assert case.note.startswith("label accuracy")
+    fig = plot_case(case)
+    assert "positive:" in fig.axes[3].get_title()
+    pair = SaliencyPair(t.x[:2], t.x[:2] + 0.01, torch.rand(2, 16, 16), torch.rand(2, 16, 16), title="maps")
+    assert len(pair.figure().axes) == 2 * 4
+
+
+def test_bad_cases_are_refused():
+    x = torch.zeros(1, 8, 8)
+    with pytest.raises(ValueError, match="kind"):
+        Case(x, x, torch.tensor(0), torch.tensor(1), "detection")
+    with pytest.raises(ValueError, match="shape"):
+        Case(x, torch.zeros(1, 8, 9), torch.tensor(0), torch.tensor(1), "multiclass")
+    with pytest.raises(ValueError, match="label maps"):
+        Case(x, x, torch.zeros(4, 4), torch.zeros(4, 4), "segmentation")
+    with pytest.raises(TypeError, match="MultiClass, MultiLabel and Segmentation"):
+        make_cases(object(), x[None], x[None], torch.zeros(1, 2), torch.zeros(1, 2))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="saliency"):
+        SaliencyPair.from_result(x, type("R", (), {"extras": {}})())
+
+
+def test_segmentation_cases_from_tensors_rank_by_changed_voxels():
+    task = Segmentation(2)
+    x = torch.zeros(3, 1, 6, 6)
+    clean = torch.zeros(3, 2, 6, 6)
+    clean[:, 0] = 1.0
+    adv = clean.clone()
+    adv[2, 1, :3] = 5.0  # sample 2: 18 voxels flip
+    adv[0, 1, :1] = 5.0  # sample 0: 6 voxels
+    cases = make_cases(task, x, x, clean, adv, torch.zeros(3, 6, 6, dtype=torch.long), k=2, title="A")
+    assert [c.title for c in cases] == ["A · sample 2", "A · sample 0"]
+    assert cases[0].note.endswith("50.0% of voxels changed")

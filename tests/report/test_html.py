@@ -1,0 +1,254 @@
+"""report.html: self-contained, every section drawn from the right numbers, text escaped."""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+import re
+from html.parser import HTMLParser
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import medadv.report.html as H
+from medadv.report.html import fmt_budget, render_html_report, write_html_report
+from medadv.results import Results
+from medadv.studies.base import StudyResult
+
+
+class Page(HTMLParser):
+    """Tables (rows of cell texts) and image sources per section id."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.tables: dict[str, list[list[list[str]]]] = {}
+        self.images: dict[str, list[str]] = {}
+        self.tags: dict[str, int] = {}
+        self.attrs: list[tuple[str, str]] = []
+        self.section = ""
+        self._cell: list[str] | None = None
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags[tag] = self.tags.get(tag, 0) + 1
+        self.attrs += [(k, v or "") for k, v in attrs]
+        if tag == "section":
+            self.section = a.get("id", "")
+        elif tag == "table":
+            self.tables.setdefault(self.section, []).append([])
+        elif tag == "tr":
+            self.tables[self.section][-1].append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+        elif tag == "img":
+            self.images.setdefault(self.section, []).append(a["src"])
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self.tables[self.section][-1][-1].append("".join(self._cell).strip())
+            self._cell = None
+
+
+def _records(table: list[list[str]]) -> list[dict[str, str]]:
+    return [dict(zip(table[0], row, strict=True)) for row in table[1:]]
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """The matplotlib figures the report embeds, by alt text (recorded before they are closed)."""
+    seen: dict[str, object] = {}
+    original = H.figure_image
+
+    def record(fig, alt, caption="", dpi=110):
+        seen[alt] = [[(line.get_label(), list(line.get_xdata()), list(line.get_ydata())) for line in ax.lines]
+                     for ax in fig.axes]
+        return original(fig, alt, caption, dpi)
+
+    monkeypatch.setattr(H, "figure_image", record)
+    return seen
+
+
+@pytest.fixture
+def heatmaps(monkeypatch):
+    seen: list[tuple[str, np.ndarray, list[str], list[str]]] = []
+    original = H._heatmap
+
+    def record(ax, m, rows, cols, **kw):
+        seen.append((kw.get("title", ""), np.array(m, dtype=float), list(rows), list(cols)))
+        return original(ax, m, rows, cols, **kw)
+
+    monkeypatch.setattr(H, "_heatmap", record)
+    return seen
+
+
+def test_the_file_is_self_contained(full_report):
+    text = full_report.read_text(encoding="utf-8")
+    page = Page(text)
+    assert page.tags.get("script", 0) == 0 and page.tags.get("link", 0) == 0 and page.tags["style"] == 1
+    srcs = [s for v in page.images.values() for s in v]
+    assert len(srcs) >= 14
+    for s in srcs:
+        assert s.startswith("data:image/png;base64,")
+        img = Image.open(io.BytesIO(base64.b64decode(s.split(",", 1)[1])))
+        img.verify()
+    for name, value in page.attrs:  # nothing points outside the file
+        assert not re.match(r"(https?:|//|file:)", value), (name, value[:80])
+        if name == "href":
+            assert value.startswith("#"), value
+
+
+def test_summary_and_findings_use_the_results_numbers(seg3d_results):
+    page = Page(render_html_report(seg3d_results))
+    summary = {(r["attack"], r["budget"]): r for r in seg3d_results.summary()}
+    table = _records(page.tables["summary"][0])
+    assert len(table) == len(summary) == 4
+    for row in table:
+        attack = next(a for (a, b) in summary if a.startswith(row["attack"] + "@") and fmt_budget(b) == row["budget"])
+        s = summary[(attack, next(b for (a, b) in summary if a == attack))]
+        assert row["mean Dice (clean)"] == f"{s['clean_mean_dice']:.3f}"
+        assert row["mean Dice (attacked)"] == f"{s['adv_mean_dice']:.3f}"
+        assert row["change"] == f"{s['adv_mean_dice'] - s['clean_mean_dice']:.3f}"
+        assert row["n"] == "4"
+    text = render_html_report(seg3d_results)
+    worst = min(summary.values(), key=lambda r: r["adv_mean_dice"])
+    assert f"Strongest attack: <b>{worst['attack'].split('@')[0]} ε={fmt_budget(worst['budget'])}</b>" in text
+    # the full table (collapsed) has every summary column, per-class lists excepted
+    full = page.tables["summary"][1][0]
+    assert "pixel accuracy (attacked)" in full and "Dice (attacked)" not in full
+
+
+def test_curves_and_per_class_figures_of_a_segmentation(seg3d_results, figures):
+    render_html_report(seg3d_results, class_names=["background", "organ A", "organ B"])
+    summary = seg3d_results.summary()
+    (curve,) = figures["robustness curve: mean_dice vs budget, one line per attack"]
+    lines = {label: (x, y) for label, x, y in curve}
+    pgd = sorted((r["budget"], r["adv_mean_dice"]) for r in summary if r["attack"].startswith("pgd@"))
+    assert lines["pgd"][0] == [0.0] + [b for b, _ in pgd]
+    np.testing.assert_allclose(lines["pgd"][1][1:], [v for _, v in pgd])
+    per_class = figures["per-class dice vs budget, one panel per attack"]
+    assert [label for label, _, _ in per_class[0]] == ["background", "organ A", "organ B"]
+
+
+def test_per_class_recall_of_a_multiclass_table():
+    rows = []
+    # class 0: 4 samples, 3 right clean, 1 right attacked; class 1: 2 samples, both right clean, 0 attacked
+    for i, (label, cp, ap) in enumerate([(0, 0, 0), (0, 0, 1), (0, 0, 1), (0, 1, 1), (1, 1, 0), (1, 1, 0)]):
+        rows.append({"sample": i, "attack": "pgd@0.03", "budget": 0.03, "label": label, "clean_pred": cp,
+                     "adv_pred": ap, "clean_correct": cp == label, "adv_correct": ap == label, "fooled": cp != ap})
+    page = Page(render_html_report(Results(rows), class_names=["benign", "malignant"]))
+    table = _records(page.tables["per-class"][0])
+    assert [(r["class"], r["clean recall"], r["attacked recall"]) for r in table] == [
+        ("benign", "0.750", "0.250"), ("malignant", "1.000", "0.000")]
+    findings = " ".join(page.tables.get("findings", [[]])[0][0]) if page.tables.get("findings") else ""
+    assert findings == ""  # findings are a list, not a table
+    text = render_html_report(Results(rows))
+    assert "accuracy 0.833 → <b>0.167</b> (80% lower)" in text
+
+
+def test_ensemble_table_and_masking_flags_are_shown():
+    rows = [{"sample": i, "attack": "auto", "budget": 0.03, "clean_correct": True, "adv_correct": i == 0,
+             "attack_metric_after": [1.0 if i == 0 else 0.0, 1.0 if i == 0 else 0.0],
+             "attack_attacked": [True, i == 0], "attack_seconds": [0.5, 0.25], "attack_components": ["apgd-ce", "fab"],
+             "attack_metric": "accuracy", "attack_masking": ["zero-gradients"] if i == 1 else [],
+             "attack_masking_messages": ["the gradient is zero on some samples"] if i == 1 else []}
+            for i in range(2)]
+    results = Results(rows)
+    page = Page(render_html_report(results))
+    ensemble = _records(page.tables["ensemble"][0])
+    assert [r["member"] for r in ensemble] == ["(clean)", "apgd-ce", "fab"]
+    assert ensemble[1]["robust accuracy"] == "0.500" and ensemble[1]["gain"] == "0.500"
+    flags = _records(page.tables["masking"][0])
+    assert flags[0]["check"] == "zero-gradients" and flags[0]["message"] == "the gradient is zero on some samples"
+    assert "gradient-masking check(s) fired" in render_html_report(results)
+
+
+def test_study_figures_follow_the_row_conventions(studies, figures, heatmaps):
+    page = Page(render_html_report(None, studies=studies))
+    for sid in ("study-classwise", "study-transfer", "study-corruptions", "study-noise-baseline", "study-frequency",
+                "study-models", "study-correlation"):
+        assert page.images.get(sid), f"no figure in {sid}"
+    # class-wise: confusion matrices normalised per true class, in class order
+    conf: dict[str, np.ndarray] = {}
+    for title, m, _, _ in heatmaps:  # the class-wise study is drawn first
+        conf.setdefault(title, m)
+    np.testing.assert_allclose(conf["clean"], np.array([[7, 1, 0, 0], [0, 8, 0, 0], [1, 0, 6, 1], [0, 0, 1, 7]]) / 8)
+    np.testing.assert_allclose(conf["pgd ε=0.0314"].sum(1), 1.0)  # the title reads the key "pgd@0.0314"
+    attractors = _records(page.tables["study-classwise"][0])
+    assert attractors[0] == {"setting": "pgd ε=0.0314", "attractors (most errors first)": "cat > dog > bird > deer"}
+    # transfer: rows = surrogate, columns = target; the diagonal is the white-box attack
+    _, m, rows, cols = next(h for h in heatmaps if h[0] == "accuracy attacked")
+    assert rows == cols == ["cnn", "resnet", "unet"]
+    np.testing.assert_allclose(np.diag(m), 0.1)
+    assert m[0, 1] == pytest.approx(0.45) and m[2, 0] == pytest.approx(0.7)
+    # corruptions: one line per corruption, metric against severity
+    (metric_ax, flip_ax) = figures["corruption curves: metric and flip probability vs severity"]
+    blur = next(line for line in metric_ax if line[0] == "blur")
+    assert blur[1] == [1, 2, 3, 4, 5]
+    np.testing.assert_allclose(blur[2], [0.9 - 0.08 * s * 1.6 for s in range(1, 6)])
+    np.testing.assert_allclose(next(line for line in flip_ax if line[0] == "blur")[2],
+                               [0.04 * s * 1.6 for s in range(1, 6)])
+    # correlation: clean, attacked and their difference
+    co = {title: m for title, m, _, _ in heatmaps}  # the correlation study is drawn last
+    np.testing.assert_allclose(co["attacked − clean"], np.array([[4, 5, 3], [5, 9, 2], [3, 2, 6]])
+                               - np.array([[10, 2, 1], [2, 8, 0], [1, 0, 5]]))
+    models = _records(page.tables["study-models"][0])
+    assert [(r["model"], r["clean accuracy"]) for r in models] == [("cnn", "0.900"), ("resnet", "0.950"),
+                                                                   ("vit", "0.850")]
+
+
+def test_text_is_escaped_and_odd_studies_are_shown_raw():
+    odd = StudyResult("classwise", [{"attack": "pgd", "clean": "<b>x</b>"}], {})  # no class column
+    unknown = StudyResult("my_study", [{"what": "<script>alert(1)</script>", "value": 0.5}])
+    text = render_html_report(None, studies=[odd, unknown], title="<script>alert('t')</script>")
+    assert "<script>" not in text and "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+    assert "&lt;b&gt;x&lt;/b&gt;" in text
+    page = Page(text)
+    assert _records(page.tables["study-my_study"][0]) == [{"what": "<script>alert(1)</script>", "value": "0.500"}]
+    assert "Could not draw this study" in text or page.images.get("study-classwise")
+
+
+def test_inputs_are_checked_and_an_empty_report_says_so(tmp_path):
+    with pytest.raises(TypeError, match="Results"):
+        render_html_report([{"attack": "x"}])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="StudyResult"):
+        render_html_report(None, studies=[{"study": "x"}])  # type: ignore[list-item]
+    path = write_html_report(None, tmp_path / "new" / "dir")
+    assert path == tmp_path / "new" / "dir" / "report.html"
+    assert "Nothing to report" in path.read_text()
+    assert not list(path.parent.glob(".*tmp"))
+
+
+def test_budgets_read_as_fractions_of_255():
+    assert fmt_budget(8 / 255) == "0.03137 (8/255)"
+    assert fmt_budget(0.05) == "0.05"
+    assert fmt_budget(None) == "–"
+    assert H.fmt(float("nan")) == "–" and H.fmt(1e-6) == "1e-06" and H.fmt(0.12345) == "0.123"
+    assert not math.isnan(H._mean([None, float("nan"), 1.0]))
+
+
+def test_saliency_pairs_ready_figures_and_a_table_without_known_metrics():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import torch
+
+    from medadv.report.cases import SaliencyPair
+
+    x = torch.rand(2, 1, 12, 12)
+    pair = SaliencyPair(x, x + 0.01, torch.rand(2, 12, 12), torch.rand(2, 12, 12), title="Gradient, relevance attack")
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    rows = [{"sample": 0, "attack": "my_attack", "budget": None, "clean_custom": 0.5, "adv_custom": 0.25}]
+    page = Page(render_html_report(Results(rows), cases=[fig], saliency=[pair]))
+    assert len(page.images["saliency"]) == 1 and len(page.images["cases"]) == 1
+    assert _records(page.tables["summary"][0]) == [{"attack": "my_attack", "budget": "–", "n": "1"}]
+    assert _records(page.tables["summary"][1])[0]["custom (attacked)"] == "0.250"
+    assert "curves" not in page.tables and "curves" not in page.images  # no budget, no curve

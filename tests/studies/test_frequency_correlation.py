@@ -1,0 +1,95 @@
+"""Frequency study (Malik et al.) and correlation analysis (Xu et al.)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from medadv import FGSM, PGD, Linf
+from medadv.studies import correlation, frequency
+from medadv.studies.correlation import cooccurrence, layer_features, pca_2d
+from medadv.studies.frequency import default_bands
+
+
+def test_default_bands_split_the_coefficients():
+    b = default_bands((16, 16), 0.25)
+    assert int(b["low"].sum()) == 4 * 4  # the [0, 4) square
+    assert not (b["low"] & b["high"]).any() and (b["low"] | b["high"]).all()
+    with pytest.raises(ValueError, match="cutoff"):
+        default_bands((16, 16), 1.5)
+
+
+def test_frequency_identity_bands_reproduce_clean_and_full_attack(trained_seg2d):
+    t = trained_seg2d
+    atk = PGD(t.task, Linf(0.08, bounds=(0.0, 1.0)), steps=3)
+    shape = tuple(t.x.shape[2:])
+    bands = {"all": torch.ones(shape, dtype=torch.bool), "none": torch.zeros(shape, dtype=torch.bool)}
+    r = frequency(t.model, t.task, (t.x, t.y), {"pgd": atk}, bands=bands)
+    v = {row["band"]: row for row in r.rows}
+    with torch.no_grad():
+        clean = float(t.task.mean_dice(t.model(t.x).argmax(1), t.y).mean())
+    adv = float(t.task.mean_dice(atk(t.model, t.x, t.y).logits.argmax(1), t.y).mean())
+    assert v["clean"]["value"] == pytest.approx(clean) and v["full"]["value"] == pytest.approx(adv) and adv < clean
+    # keeping every DCT coefficient is the attack itself; keeping none is the clean image
+    assert v["all"]["value"] == pytest.approx(adv, abs=1e-6) and v["all"]["retained"] == pytest.approx(1.0, abs=1e-5)
+    assert v["none"]["value"] == pytest.approx(clean) and v["none"]["retained"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_frequency_default_bands_on_volumes(trained_seg3d):
+    t = trained_seg3d
+    r = frequency(t.model, t.task, (t.x, t.y), [FGSM(t.task, Linf(0.1, bounds=(0.0, 1.0)))], cutoff=0.25)
+    assert [row["band"] for row in r.rows] == ["clean", "full", "low", "high"] and r.meta["metric"] == "mean_dice"
+    low, high = r.rows[2], r.rows[3]
+    assert all(row["value"] >= r.rows[1]["value"] - 0.05 for row in (low, high))  # a band alone hurts less
+
+
+def test_cooccurrence_and_pca_by_hand():
+    b = torch.tensor([[1, 0, 1], [1, 1, 0], [0, 0, 1]]).float()
+    assert cooccurrence(b).tolist() == [[2, 1, 1], [1, 1, 0], [1, 0, 2]]
+    t = torch.tensor([-2.0, -1.0, 0.0, 1.0, 2.0])
+    v = torch.tensor([3.0, -4.0, 0.0])  # points on a line: one axis explains everything
+    coords, explained = pca_2d(t[:, None] * v)
+    assert explained.tolist() == pytest.approx([1.0, 0.0], abs=1e-12)
+    # the axis is v / |v| with its largest loading (−4/5) made positive: coordinate = −5 t
+    assert coords[:, 0].tolist() == pytest.approx((-5 * t).tolist()) and coords[:, 1].abs().max() < 1e-9
+
+
+def test_layer_features_hook_a_named_layer(trained_multiclass):
+    t = trained_multiclass
+    feats = layer_features(t.model, t.x, "4")  # the third conv's ReLU: (N, 16, 4, 4) averaged over space
+    with torch.no_grad():
+        manual = t.model[:5](t.x).mean(dim=(2, 3)).double()
+    assert torch.allclose(feats, manual)
+    with pytest.raises(ValueError, match="not a submodule"):
+        layer_features(t.model, t.x, "40")
+
+
+def test_correlation_multilabel_cooccurrence_and_embedding(trained_multilabel):
+    t = trained_multilabel
+    atk = PGD(t.task, Linf(0.1, bounds=(0.0, 1.0)), steps=3)
+    r = correlation(t.model, t.task, (t.x, t.y), {"pgd": atk}, layer="4", label_names=["a", "b", "c", "d"])
+    with torch.no_grad():
+        clean = (t.model(t.x) > 0).float()
+    adv = (atk(t.model, t.x, t.y).logits > 0).float()
+    assert r.meta["cooccurrence"]["clean"] == (clean.T @ clean).long().tolist()
+    assert r.meta["cooccurrence"]["adv"] == (adv.T @ adv).long().tolist()
+    assert r.meta["cooccurrence"]["labels"] == ["a", "b", "c", "d"]
+    assert [row["adv_count"] for row in r.rows] == adv.sum(0).long().tolist()
+    assert [row["clean_rowsum"] for row in r.rows] == (clean.T @ clean).sum(1).long().tolist()
+    emb = r.meta["embedding"]
+    assert len(emb["clean"]) == len(emb["adv"]) == len(emb["labels"]) == t.x.shape[0]
+    assert all(len(p) == 2 for p in emb["clean"] + emb["adv"])
+    assert emb["labels"][0] == "+".join("abcd"[j] for j in range(4) if t.y[0, j] > 0.5) or emb["labels"][0] == "none"
+    assert r.rows[0]["feature_shift"] > 0.0 and r.meta["attack"] == "pgd@0.1"
+
+
+def test_correlation_multiclass_and_segmentation_counts(trained_multiclass, trained_seg3d):
+    t = trained_multiclass
+    r = correlation(t.model, t.task, (t.x, t.y), [FGSM(t.task, Linf(0.1, bounds=(0.0, 1.0)))], max_points=10)
+    with torch.no_grad():
+        pred = t.model(t.x).argmax(1)
+    assert [row["clean_count"] for row in r.rows] == torch.bincount(pred, minlength=4).tolist()
+    assert len(r.meta["embedding"]["clean"]) == 10 and "cooccurrence" not in r.meta
+    s = trained_seg3d
+    r = correlation(s.model, s.task, (s.x, s.y), [FGSM(s.task, Linf(0.1, bounds=(0.0, 1.0)))])
+    assert sum(row["clean_count"] for row in r.rows) == s.y.numel()  # voxels per predicted class

@@ -1,0 +1,53 @@
+"""The ``studies:`` schemas and run_study (what a config section calls)."""
+
+from __future__ import annotations
+
+import pytest
+
+from medadv import FGSM, Linf, MultiClass
+from medadv.config_schema import ConfigError
+from medadv.studies import STUDY_SPECS, classwise, run_study, validate_studies
+from medadv.studies.base import STUDIES
+
+
+def test_every_study_has_a_schema():
+    assert set(STUDY_SPECS) == set(STUDIES)
+
+
+def test_validate_studies_reports_every_mistake_with_its_place():
+    specs = validate_studies(["classwise", {"study": "corruptions", "severities": [1, 5], "suite": ["blur"]}])
+    assert [s.study for s in specs] == ["classwise", "corruptions"] and specs[1].severities == [1, 5]
+    with pytest.raises(ConfigError) as e:
+        validate_studies([{"study": "corruption"}, {"study": "corruptions", "severites": [1]},
+                          {"study": "corruptions", "severities": [6], "suite": ["blurr"]},
+                          {"study": "noise_baseline", "match": "psnr"}])
+    text = str(e.value)
+    assert "did you mean 'corruptions'" in text and "studies[0].study" in text
+    assert "unknown key `severites`" in text and "did you mean `severities`" in text
+    assert "studies[2].severities" in text and "did you mean 'blur'" in text
+    assert "studies[3].match" in text
+
+
+def test_run_study_is_the_function_call(toy_pair, trained_multiclass):
+    x, y, a, b = toy_pair
+    task = MultiClass()
+    atk = {"fgsm": FGSM(task, Linf(0.25, bounds=(0, 1)))}
+    t = trained_multiclass
+    t_atk = {"fgsm": FGSM(t.task, Linf(0.1, bounds=(0, 1)))}
+    assert run_study("classwise", {}, t.model, t.task, (t.x, t.y), t_atk).rows == \
+        classwise(t.model, t.task, (t.x, t.y), t_atk).rows
+    r = run_study("transfer", {"surrogates": ["B"], "targets": ["A"]}, {"A": a, "B": b}, task, (x, y), atk)
+    assert [(row["surrogate"], row["target"], row["adv"]) for row in r.rows] == [("B", "A", 0.75)]
+    # the corruptions take the attacks' box unless `bounds` is given
+    r = run_study("corruptions", {"suite": ["contrast"], "severities": [1], "frames": 2, "model": "A"},
+                  {"A": a, "B": b}, task, (x, y), atk)
+    assert r.meta["bounds"] == "(0, 1)"
+    assert run_study("models", None, {"A": a, "B": b}, task, (x, y), atk).meta["models"] == ["A", "B"]
+    with pytest.raises(ValueError, match="give `model:`"):
+        run_study("frequency", {}, {"A": a, "B": b}, task, (x, y), atk)
+    with pytest.raises(ValueError, match="did you mean 'B'"):
+        run_study("transfer", {"targets": ["b"]}, {"A": a, "B": b}, task, (x, y), atk)
+    with pytest.raises(ValueError, match="needs the data box"):
+        run_study("corruptions", {}, a, task, (x, y), None)
+    with pytest.raises(ValueError, match="did you mean 'classwise'"):
+        run_study("clswise", {}, a, task, (x, y), atk)
