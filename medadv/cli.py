@@ -27,19 +27,26 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     cfg = DemoConfig(epochs=args.epochs, steps=args.steps, n_test=args.n_test)
     out = run_demo(cfg, retrain=args.retrain, progress=not args.no_progress)
     if args.output:
-        from .report import write_report
+        from .data.mni152 import TISSUE_CLASSES
+        from .report import select_cases, write_html_report, write_report
 
         res = out["results"]
+        title = "medadv demo: MNI152 tissue segmentation"
         Path(args.output).mkdir(parents=True, exist_ok=True)
         res.to_json(Path(args.output) / "results.json")
         res.to_csv(Path(args.output) / "results.csv")
-        print(f"report: {write_report(res, args.output, title='medadv demo: MNI152 tissue segmentation')}")
+        print(f"report: {write_report(res, args.output, title=title)}")
+        strongest = list(out["attacks"].values())[-1]  # the largest budget of the last attack family
+        cases = select_cases(out["model"], out["task"], out["x"], out["y"], strongest, k=2,
+                             class_names=TISSUE_CLASSES, axis_names=("sagittal", "coronal", "axial"))
+        html = write_html_report(res, args.output, title=title, class_names=TISSUE_CLASSES, cases=cases)
+        print(f"report: {html}")
     return 0
 
 
 #: what ``medadv evaluate`` writes into its output folder (``--overwrite`` removes exactly these)
-OUTPUT_FILES = ("run.json", "results.json", "results.csv", "report.md", "robustness.png", "log.jsonl")
-OUTPUT_GLOBS = ("log.rank*.jsonl",)
+OUTPUT_FILES = ("run.json", "results.json", "results.csv", "report.md", "report.html", "robustness.png", "log.jsonl")
+OUTPUT_GLOBS = ("log.rank*.jsonl", "study_*.json")
 ADVERSARIAL_DIR = "adversarial"
 
 
@@ -88,6 +95,24 @@ def _prepare_output(out: Path, action: str, record: dict) -> None:
     os.replace(tmp, out / "run.json")
 
 
+def _run_studies(cfg: dict[str, Any], model: Any, task: Any, data: Any, attacks: Any, target_fn: Any,
+                 out: Path) -> list[Any]:
+    """The config's ``studies:`` (rank 0 only), each saved as ``study_<i>_<name>.json`` beside the results."""
+    if not cfg.get("studies"):
+        return []
+    from .studies import run_study
+
+    done = []
+    for i, spec in enumerate(cfg["studies"]):
+        name = spec["study"]
+        print(f"study {name} ...", file=sys.stderr)
+        options = {k: v for k, v in spec.items() if k != "study"}
+        result = run_study(name, options, model, task, data, attacks, target_fn=target_fn)
+        result.to_json(out / f"study_{i}_{name}.json")
+        done.append(result)
+    return done
+
+
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     import datetime
 
@@ -109,7 +134,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         wrap_inference,
     )
     from .evaluation import evaluate
-    from .report import write_report
+    from .report import write_html_report, write_report
 
     cfg = load_config(args.config)
     base = cfg["_dir"]
@@ -152,8 +177,10 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             res.to_json(out / "results.json")
             res.to_csv(out / "results.csv")
             report = write_report(res, out)
+            studies = _run_studies(cfg, model, task, data, attacks, target_fn, out)
+            html = write_html_report(res, out, studies=studies, title=f"medadv: {Path(args.config).name}")
             print(res.format_summary())
-            print(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}, {report}")
+            print(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}, {report}, {html}")
         distributed.barrier()
     finally:
         distributed.destroy()

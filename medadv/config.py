@@ -186,6 +186,16 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError([f"{p}: not valid YAML{at}: {problem}"]) from None
     cfg = validate_config(raw).model_dump()
+    if cfg["studies"] is not None:
+        from .studies.schema import validate_studies
+
+        # checked here (not in the schema) because each study has its own schema; every mistake at once
+        cfg["studies"] = [spec.model_dump() for spec in validate_studies(cfg["studies"])]
+        several = [s["study"] for s in cfg["studies"] if s["study"] in ("transfer", "models")]
+        if several:
+            raise ConfigError([f"`studies`: {', '.join(map(repr, several))} compare several models, and a config "
+                               "names one: call medadv.studies.transfer / medadv.studies.models from Python with "
+                               "a {name: model} mapping"])
     cfg["_dir"] = str(p.parent.resolve())
     if cfg["model"]["seed"] is None:  # the model's random initial weights follow the config's seed
         cfg["model"]["seed"] = cfg["seed"]

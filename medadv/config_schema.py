@@ -447,6 +447,8 @@ class Config(_Section):
     inference: InferenceSection | None = None  # sliding-window inference over whole volumes
     save_adversarial: Bool = False  # write the adversarial examples with the input's geometry
     allow_code: Bool = False  # let builders outside medadv/MONAI/torchvision and files elsewhere run
+    # the papers' studies (medadv.studies), each entry checked by its study's own schema in load_config
+    studies: Annotated[list[Any], Field(min_length=1)] | None = None
 
     budget_list = AttackPlan.budget_list
 

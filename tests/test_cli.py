@@ -186,7 +186,7 @@ def _check_evaluate_fails(tmp_path, capsys, message, **over):
 
 
 TOP_KEYS = ("model, task, data, threat, budgets, attacks, target, batch_size, output, seed, hd95, spacing, inference, "
-            "save_adversarial, allow_code")
+            "save_adversarial, allow_code, studies")
 
 
 def test_misspelt_top_level_key_is_an_error_with_the_closest_key(tmp_path, capsys):
@@ -597,3 +597,46 @@ def test_torchrun_two_processes_equal_one_and_only_rank0_writes(tmp_path, capsys
     one, two = _rows(tmp_path, "one"), _rows(tmp_path, "two")
     assert len(one) == 4 and one == two
     assert sorted(p.name for p in (tmp_path / "two").glob("log*.jsonl")) == ["log.rank0.jsonl", "log.rank1.jsonl"]
+
+
+def test_evaluate_runs_the_config_studies_and_writes_report_html(trained_multilabel, tmp_path, capsys):
+    import numpy as np
+
+    from medadv.studies import StudyResult
+
+    save_checkpoint(tmp_path / "cnn.pt", trained_multilabel.model)
+    np.savez(tmp_path / "data.npz", x=trained_multilabel.x[:24].numpy(), y=trained_multilabel.y[:24].numpy())
+    cfg = {
+        "model": {"builder": "small_cnn", "kwargs": {"in_channels": 1, "num_outputs": 4, "width": 8},
+                  "checkpoint": "cnn.pt"},
+        "task": {"type": "multilabel", "threshold": 0.5},
+        "data": {"source": "npz", "path": "data.npz"},
+        "threat": {"norm": "linf", "bounds": [0.0, 1.0]},
+        "budgets": [0.2],
+        "attacks": [{"name": "pgd", "steps": 5}],
+        "batch_size": 12,
+        "output": "out",
+        "studies": ["classwise", {"study": "noise_baseline", "match": "l2"}],
+    }
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["evaluate", str(tmp_path / "cfg.yaml"), "--no-progress"]) == 0
+    out = tmp_path / "out"
+    cw = StudyResult.from_json(out / "study_0_classwise.json")
+    nb = StudyResult.from_json(out / "study_1_noise_baseline.json")
+    assert cw.study == "classwise" and nb.study == "noise_baseline"
+    # the attack hurts the labels more than L2-matched random noise does (Paschali et al.'s baseline)
+    assert all(r["adv_metric"] < r["noise_metric"] for r in nb.rows)
+    cfps = [r["cfps_adv"] for r in cw.rows if r["cfps_adv"] is not None]
+    assert cfps and abs(sum(cfps) - 1.0) < 1e-6  # shares of all false positives over the labels
+    html = (out / "report.html").read_text()
+    assert "<img" in html and "classwise" in html.lower().replace("-", "").replace(" ", "")
+    assert "report.html" in capsys.readouterr().out
+
+
+def test_studies_mistakes_are_one_line(tmp_path, capsys):
+    _check_evaluate_fails(tmp_path, capsys, "`studies[0].study` must be one of 'classwise', 'transfer', "
+                          "'corruptions', 'noise_baseline', 'frequency', 'models', 'correlation'; got 'classwize'; "
+                          "did you mean 'classwise'?", studies=["classwize"])
+    _check_evaluate_fails(tmp_path, capsys, "`studies`: 'transfer' compare several models, and a config names one: "
+                          "call medadv.studies.transfer / medadv.studies.models from Python with a {name: model} "
+                          "mapping", studies=["transfer"])
