@@ -1,5 +1,6 @@
 """evaluate(save_adversarial=...): adversarial examples as NIfTI (input affine, original dtype), PNG (8/16-bit, the
-source file's orientation) or .npy, each read back and re-predicted (does the attack survive the quantisation?)."""
+source file's orientation), DICOM (the source's headers and geometry) or .npy, each read back and re-predicted (does
+the attack survive the quantisation?)."""
 
 from __future__ import annotations
 
@@ -193,3 +194,162 @@ def test_save_helpers(tmp_path):
     assert torch.allclose(load_example(p, box=Box(0.0, 1.0), like=x, width_first=True), x, atol=0.5 / 255 + 1e-6)
     with pytest.raises(ValueError, match="expected"):
         load_example(p, box=Box(0.0, 1.0), like=torch.rand(1, 4, 5), width_first=True)
+
+
+# --- DICOM: real CT data from pydicom-data, a file (2-D) or a series folder (3-D) ------------------------------------------
+_NEW = {"SOPInstanceUID", "SeriesInstanceUID", "SeriesDescription", "PixelData"}  # what the adversarial copy changes
+ROWS = 100  # CT_small cropped to 100 x 128: a transposed read-back cannot have the right shape or values
+
+
+def _ct(raw_shift=0):
+    """CT_small.dcm (int16, RescaleIntercept -1024), cropped to ROWS rows, stored values shifted by ``raw_shift``."""
+    import pydicom
+    from pydicom.data import get_testdata_file
+
+    ds = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
+    px = ds.pixel_array[:ROWS].astype(np.int16) + np.int16(raw_shift)
+    ds.Rows, ds.PixelData = ROWS, px.tobytes()
+    return ds
+
+
+def _dicom_2d(tmp_path):
+    items = []
+    for i in range(2):
+        ds = _ct(raw_shift=37 * i)
+        ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = f"1.2.3.4.{i}"
+        ds.save_as(tmp_path / f"ct{i}.dcm")
+        items.append({"image": str(tmp_path / f"ct{i}.dcm"), "label": i, "case_id": f"ct{i}.dcm"})
+    return items
+
+
+def _dicom_series(tmp_path):
+    """Two 3-slice series (slices 5 mm apart along z, files named against the InstanceNumber order)."""
+    items = []
+    for s in range(2):
+        folder = tmp_path / f"series{s}"
+        folder.mkdir()
+        for k in range(3):
+            ds = _ct(raw_shift=50 * k + 11 * s)
+            pos = [float(v) for v in ds.ImagePositionPatient]
+            ds.ImagePositionPatient = [pos[0], pos[1], pos[2] + 5.0 * k]
+            ds.InstanceNumber, ds.SeriesInstanceUID = k + 1, f"1.2.3.9.{s}"
+            ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = f"1.2.3.9.{s}.{k}"
+            ds.save_as(folder / f"im{2 - k}.dcm")
+        items.append({"image": str(folder), "label": s, "case_id": f"series{s}"})
+    return items
+
+
+class _Mean(nn.Module):
+    """Two classes from the HU-scaled mean of a linear map: any image size, any dimension."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.tensor([1e-3, -1e-3]))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.flatten(1).mean(dim=1, keepdim=True) * self.w
+
+
+def _headers_match(saved, source, also_new=()):
+    new = _NEW | set(also_new)
+    src = {e.keyword: e.value for e in source if e.keyword and e.keyword not in new}
+    out = {e.keyword: e.value for e in saved if e.keyword and e.keyword not in new}
+    assert out == src  # patient, study, geometry, pixel format: all as in the source
+    assert saved.SOPInstanceUID != source.SOPInstanceUID and saved.SeriesInstanceUID != source.SeriesInstanceUID
+    assert saved.file_meta.MediaStorageSOPInstanceUID == saved.SOPInstanceUID
+    assert "adversarial" in saved.SeriesDescription
+
+
+def _decoded(ds):
+    return ds.pixel_array.astype(np.float64) * float(ds.RescaleSlope) + float(ds.RescaleIntercept)
+
+
+def _repredict(model, task, path, y):
+    from monai.transforms import LoadImage
+
+    x = LoadImage(reader="PydicomReader", image_only=True)(str(path))
+    with torch.no_grad():
+        logits = model(torch.as_tensor(np.asarray(x), dtype=torch.float32)[None, None])
+    return bool(task.fooled(logits, torch.tensor([y]))[0]), float(task.predict(logits)[0] == y)
+
+
+def test_dicom_file_keeps_the_source_header_and_geometry(tmp_path):
+    import pydicom
+
+    items = _dicom_2d(tmp_path)
+    data = _monai_loader(items, ["image"], [])
+    model, task, box = _Mean().eval(), MultiClass(), Box(-1024.0, 3071.0)
+    attacks = {"shift": _shift(task, box, 7.3), "pgd": PGD(task, Linf(30.0, bounds=(-1024.0, 3071.0)), steps=2)}
+    res = evaluate(model, task, data, attacks, save_adversarial=tmp_path / "adv", seed=0)
+    assert sorted(r["saved_file"] for r in res) == sorted(f"{a}/{i:04d}_ct{i}.dcm" for a in attacks for i in range(2))
+    for r in res:
+        i = r["sample"]
+        saved, source = pydicom.dcmread(tmp_path / "adv" / r["saved_file"]), pydicom.dcmread(items[i]["image"])
+        _headers_match(saved, source)
+        assert saved.pixel_array.dtype == np.int16 and saved.pixel_array.shape == (ROWS, 128)
+        if r["attack"] == "shift":  # the adversarial example is source + 7.3 HU: stored as source + 7 (slope 1)
+            assert np.abs(_decoded(saved) - (_decoded(source) + 7.3)).max() <= 0.5
+            assert r["saved_linf"] == pytest.approx(0.3, abs=1e-3)
+        else:
+            assert np.abs(_decoded(saved) - _decoded(source)).max() <= 30.5
+            assert abs(r["saved_linf"] - r["linf"]) <= 0.5
+        # the saved_* columns are what the file does when read back as the input was
+        fooled, correct = _repredict(model, task, tmp_path / "adv" / r["saved_file"], items[i]["label"])
+        assert r["saved_fooled"] == fooled and r["saved_adv_correct"] == correct
+        assert r["saved_still_fooled"] == (r["fooled"] and fooled)
+
+
+def test_dicom_of_intensity_scaled_data_gets_its_own_rescale(tmp_path):
+    """Data no longer in the source's units (here scaled to [0, 1]) are stored with a new RescaleSlope /
+    RescaleIntercept mapping the box onto int16: what a viewer shows is what the model saw."""
+    import pydicom
+    from monai.transforms import ScaleIntensityRanged
+
+    items = _dicom_2d(tmp_path)
+    data = _monai_loader(items, ["image"], [ScaleIntensityRanged("image", -1024, 3071, 0.0, 1.0)])
+    task = MultiClass()
+    res = evaluate(_Mean().eval(), task, data, {"shift": _shift(task, Box(0.0, 1.0), 0.01)},
+                   save_adversarial=tmp_path / "adv")
+    for r in res:
+        saved, source = pydicom.dcmread(tmp_path / "adv" / r["saved_file"]), pydicom.dcmread(items[r["sample"]]["image"])
+        _headers_match(saved, source, also_new={"RescaleSlope", "RescaleIntercept"})
+        step = float(saved.RescaleSlope)
+        assert step == pytest.approx(1 / 65535, rel=1e-6)
+        expected = (_decoded(source) + 1024) / 4095 + 0.01
+        assert np.abs(_decoded(saved) - expected).max() <= step / 2 + 1e-6
+        assert r["saved_linf"] <= r["linf"] + step and r["saved_still_fooled"] == r["fooled"]
+
+
+def test_dicom_series_one_file_per_slice_at_the_source_positions(tmp_path):
+    import pydicom
+
+    items = _dicom_series(tmp_path)
+    data = _monai_loader(items, ["image"], [])
+    model, task, box = _Mean().eval(), MultiClass(), Box(-1024.0, 3071.0)
+    res = evaluate(model, task, data, {"shift": _shift(task, box, -12.6)}, save_adversarial=tmp_path / "adv")
+    assert [r["saved_file"] for r in res] == ["shift/0000_series0", "shift/0001_series1"]
+    for r in res:
+        folder = tmp_path / "adv" / r["saved_file"]
+        saved = [pydicom.dcmread(p) for p in sorted(folder.iterdir())]
+        source = sorted((pydicom.dcmread(p) for p in (tmp_path / f"series{r['sample']}").iterdir()),
+                        key=lambda d: d.InstanceNumber)
+        assert len(saved) == 3 and len({d.SeriesInstanceUID for d in saved}) == 1
+        for out, src in zip(sorted(saved, key=lambda d: d.InstanceNumber), source, strict=True):
+            _headers_match(out, src)  # ImagePositionPatient included: each slice where its source was
+            assert np.abs(_decoded(out) - (_decoded(src) - 12.6)).max() <= 0.5
+        assert r["saved_linf"] == pytest.approx(0.4, abs=1e-3)
+        fooled, correct = _repredict(model, task, folder, items[r["sample"]]["label"])
+        assert r["saved_fooled"] == fooled and r["saved_adv_correct"] == correct
+
+
+def test_dicom_helpers(tmp_path):
+    from medadv.data.save import dicom_source
+
+    items = _dicom_2d(tmp_path)
+    assert dicom_source({"filename_or_obj": [items[0]["image"], items[1]["image"]]}, 1) == items[1]["image"]
+    (tmp_path / "x.txt").write_text("not dicom")
+    assert dicom_source({"filename_or_obj": [str(tmp_path / "x.txt")]}) is None and dicom_source(None) is None
+    # a sample that is not on the source's grid (resampled: another shape) falls back to NIfTI / PNG
+    x = torch.zeros(1, 64, 50)
+    p = save_example(x, tmp_path / "r", box=Box(-1024.0, 3071.0), affine=np.eye(4), source=items[0]["image"])
+    assert p.suffix == ".png"

@@ -19,6 +19,7 @@ see whether the attack survives the quantisation of the file format.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,10 +31,11 @@ from torch import Tensor
 
 from ..threats import Box
 
-__all__ = ["save_example", "load_example", "original_dtype", "choose_format", "case_stem", "safe_name", "EXTENSIONS"]
+__all__ = ["save_example", "load_example", "original_dtype", "choose_format", "case_stem", "safe_name", "dicom_source",
+           "EXTENSIONS"]
 
 #: file suffix of each format
-EXTENSIONS = {"nifti": ".nii.gz", "png": ".png", "npy": ".npy"}
+EXTENSIONS = {"nifti": ".nii.gz", "png": ".png", "npy": ".npy", "dicom": ".dcm"}
 #: suffixes removed from a case identifier (a file name) to name its adversarial file
 _KNOWN_SUFFIXES = (".nii.gz", ".nii", ".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".dcm", ".npy", ".npz",
                    ".mha", ".mhd", ".nrrd", ".gz")
@@ -138,7 +140,7 @@ def choose_format(x: Tensor, box: Box, dtype: np.dtype | None = None) -> tuple[s
 
 
 def save_example(x: Tensor, stem: str | Path, *, box: Box, affine: Tensor | np.ndarray | None = None,
-                 dtype: np.dtype | None = None, width_first: bool = False) -> Path:
+                 dtype: np.dtype | None = None, width_first: bool = False, source: str | Path | None = None) -> Path:
     """Write one sample ``x`` ``(C, *spatial)`` (data units) to ``stem`` + the format's suffix; returns the path.
 
     Args:
@@ -149,11 +151,24 @@ def save_example(x: Tensor, stem: str | Path, *, box: Box, affine: Tensor | np.n
         dtype: the dtype of the file the sample was read from (:func:`original_dtype`), None if unknown.
         width_first: a 2-D sample in MONAI's layout (``(C, W, H)``, as ``LoadImage`` reads PNGs): written
             transposed so the PNG has the orientation of the file it came from.
+        source: the DICOM file (2-D) or series folder (3-D) the sample was read from (:func:`dicom_source`):
+            a one-channel sample still on the source's voxel grid (located through ``affine``) is written as
+            DICOM, ``stem.dcm`` or, for a series, the folder ``stem`` with one file per slice.
     """
+    arr = x.detach().cpu()
+    if source is not None and affine is not None and arr.shape[0] == 1 and arr.ndim in (3, 4):
+        aff = np.asarray(affine.detach().cpu() if isinstance(affine, Tensor) else affine, dtype=np.float64)
+        plan = _dicom_plan(source, aff, tuple(arr.shape[1:]))
+        if plan is not None:
+            path = Path(str(stem) + EXTENSIONS["dicom"]) if arr.ndim == 3 else Path(stem)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            rng = _channel_range(box, arr)
+            box_range = (float(rng[0].min()), float(rng[1].max())) if rng is not None else None
+            _save_dicom(arr[0].double().numpy(), path, plan, box_range)
+            return path
     fmt, bits = choose_format(x, box, dtype)
     path = Path(str(stem) + EXTENSIONS[fmt])
     path.parent.mkdir(parents=True, exist_ok=True)
-    arr = x.detach().cpu()
     if fmt == "npy":
         np.save(path, arr.numpy())
         return path
@@ -192,12 +207,18 @@ def save_example(x: Tensor, stem: str | Path, *, box: Box, affine: Tensor | np.n
     return path
 
 
-def load_example(path: str | Path, *, box: Box, like: Tensor, width_first: bool = False) -> Tensor:
+def load_example(path: str | Path, *, box: Box, like: Tensor, width_first: bool = False,
+                 affine: Tensor | np.ndarray | None = None) -> Tensor:
     """A file written by :func:`save_example`, back in data units, shaped and typed like ``like``
-    ``(C, *spatial)`` (on ``like``'s device)."""
+    ``(C, *spatial)`` (on ``like``'s device). ``affine``: the sample's voxel-to-world matrix, which places a
+    DICOM file's pixels (as :func:`save_example` did); without it a DICOM is read in MONAI's layout."""
     p = Path(path)
     name = p.name.lower()
-    if name.endswith(".npy"):
+    if p.is_dir() or name.endswith(".dcm"):
+        aff = None if affine is None else np.asarray(
+            affine.detach().cpu() if isinstance(affine, Tensor) else affine, dtype=np.float64)
+        arr = _load_dicom(p, tuple(like.shape[1:]), aff)[None]
+    elif name.endswith(".npy"):
         arr = np.load(p)
     elif name.endswith(".png"):
         from PIL import Image
@@ -224,3 +245,163 @@ def load_example(path: str | Path, *, box: Box, like: Tensor, width_first: bool 
     if tuple(out.shape) != tuple(like.shape):
         raise ValueError(f"{p} holds shape {tuple(out.shape)}, expected {tuple(like.shape)}")
     return box.clip(out.unsqueeze(0))[0]
+
+
+# --- DICOM --------------------------------------------------------------------------------------------------------------
+def dicom_source(meta: Mapping[str, Any] | None, i: int = 0) -> str | None:
+    """The DICOM file (2-D) or series folder (3-D) sample ``i`` was read from, from MONAI's (collated) image
+    metadata (``filename_or_obj``); ``None`` when the sample was not read from DICOM or the source is gone."""
+    if not meta or "filename_or_obj" not in meta:
+        return None
+    src = _item(meta["filename_or_obj"], i)
+    if not isinstance(src, str | os.PathLike) or not os.path.exists(src):
+        return None
+    return str(src) if _dicom_files(Path(src)) else None
+
+
+def _dicom_files(src: Path) -> list[Path]:
+    """The DICOM files of a source (the file itself, or the files of a series folder); [] if none."""
+    import pydicom
+
+    files = sorted(p for p in src.iterdir() if p.is_file()) if src.is_dir() else [src]
+    out = []
+    for p in files:
+        try:
+            pydicom.dcmread(p, stop_before_pixels=True, specific_tags=["SOPClassUID"])
+        except Exception:  # not DICOM (pydicom raises several types): not part of the series
+            continue
+        out.append(p)
+    return out
+
+
+def _stored_range(ds: Any) -> tuple[np.dtype, int, int]:
+    """``(dtype, lo, hi)`` of a dataset's stored pixel values (BitsAllocated / PixelRepresentation, clipped to
+    BitsStored)."""
+    bits, signed = int(ds.BitsAllocated), int(getattr(ds, "PixelRepresentation", 0)) == 1
+    stored = int(getattr(ds, "BitsStored", bits))
+    dtype = np.dtype(f"<{'i' if signed else 'u'}{bits // 8}")
+    lo, hi = (-(1 << (stored - 1)), (1 << (stored - 1)) - 1) if signed else (0, (1 << stored) - 1)
+    return dtype, lo, hi
+
+
+def _slice_index(ds: Any, affine: np.ndarray, spatial: tuple[int, ...]) -> tuple[np.ndarray, ...] | None:
+    """Index arrays (one per spatial axis, each ``(Rows, Columns)``) locating every pixel of the DICOM slice
+    ``ds`` in a sample of shape ``spatial`` with voxel-to-world ``affine`` (RAS, as MONAI's readers give it);
+    ``None`` when the slice is not exactly on the sample's voxel grid (the sample was resampled or cropped)."""
+    try:
+        pos = np.asarray(ds.ImagePositionPatient, np.float64)
+        iop = np.asarray(ds.ImageOrientationPatient, np.float64)
+        d_row, d_col = (float(v) for v in ds.PixelSpacing)  # between rows, between columns
+        rows, cols = int(ds.Rows), int(ds.Columns)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    lps_to_ras = np.array([-1.0, -1.0, 1.0])
+    inv = np.linalg.inv(affine)
+
+    def index(r: float, c: float) -> np.ndarray:  # DICOM pixel (row r, column c) -> voxel index of the sample
+        world = (pos + c * d_col * iop[:3] + r * d_row * iop[3:]) * lps_to_ras
+        return inv[:3, :3] @ world + inv[:3, 3]
+
+    v0 = index(0, 0)
+    along_row, along_col = index(0, 1) - v0, index(1, 0) - v0  # voxel steps per column / per row
+    r_grid, c_grid = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+    idx = [v0[k] + r_grid * along_col[k] + c_grid * along_row[k] for k in range(3)]
+    rounded = [np.rint(v) for v in idx]
+    if any(np.abs(v - q).max() > 1e-3 for v, q in zip(idx, rounded, strict=True)):
+        return None
+    if any(np.abs(rounded[k]).max() > 0 for k in range(len(spatial), 3)):  # a 2-D sample has index 0 there
+        return None
+    out = tuple(rounded[k].astype(np.int64) for k in range(len(spatial)))
+    if any(v.min() < 0 or v.max() >= n for v, n in zip(out, spatial, strict=True)):
+        return None
+    return out
+
+
+def _dicom_plan(src: str | Path, affine: np.ndarray, spatial: tuple[int, ...]) -> list[tuple[Any, tuple[np.ndarray, ...]]] | None:
+    """Each source dataset with the voxel indices of its pixels, ``None`` if the sample is not on the source's
+    grid (then it is not written as DICOM) or not covered by it exactly once."""
+    import pydicom
+
+    files = _dicom_files(Path(src))
+    if not files or (len(files) > 1) != (len(spatial) == 3):
+        return None
+    plan, covered = [], np.zeros(spatial, np.int64)
+    for p in files:
+        ds = pydicom.dcmread(p)
+        if int(getattr(ds, "SamplesPerPixel", 1)) != 1 or int(getattr(ds, "NumberOfFrames", 1) or 1) != 1 \
+                or int(getattr(ds, "BitsAllocated", 0)) not in (8, 16, 32):
+            return None
+        where = _slice_index(ds, affine, spatial)
+        if where is None:
+            return None
+        np.add.at(covered, where, 1)
+        plan.append((ds, where))
+    return plan if bool((covered == 1).all()) else None
+
+
+def _rescale(ds: Any) -> tuple[float, float]:
+    return float(getattr(ds, "RescaleSlope", 1) or 1), float(getattr(ds, "RescaleIntercept", 0) or 0)
+
+
+def _decoded(ds: Any) -> np.ndarray:
+    """A dataset's pixel values in its own units (RescaleSlope / RescaleIntercept applied), ``(Rows, Columns)``."""
+    slope, inter = _rescale(ds)
+    return np.asarray(ds.pixel_array, np.float64) * slope + inter
+
+
+def _save_dicom(vol: np.ndarray, folder_or_file: Path, plan: list[tuple[Any, tuple[np.ndarray, ...]]],
+                box_range: tuple[float, float] | None) -> None:
+    """Write ``vol`` (spatial, data units) as copies of the ``plan``'s source datasets (see :func:`save_example`)."""
+    from pydicom.uid import ExplicitVRLittleEndian, generate_uid
+
+    # the sample is in the source's units (no intensity transform) when it stays close to the source's values:
+    # then the source's own RescaleSlope / RescaleIntercept are kept, else a new pair maps the data onto the
+    # stored range, as for an integer NIfTI (a viewer then shows what the model saw, in its units)
+    src_vals = [_decoded(ds) for ds, _ in plan]
+    s_lo, s_hi = min(float(v.min()) for v in src_vals), max(float(v.max()) for v in src_vals)
+    diff = max(float(np.abs(vol[w] - v).max()) for (_, w), v in zip(plan, src_vals, strict=True))
+    same_units = diff <= 0.25 * max(s_hi - s_lo, 1e-12)
+    series_uid = generate_uid()
+    single = len(plan) == 1 and vol.ndim == 2
+    if not single:
+        folder_or_file.mkdir(parents=True, exist_ok=True)
+    for k, (ds, where) in enumerate(sorted(plan, key=lambda e: int(getattr(e[0], "InstanceNumber", 0) or 0))):
+        dtype, lo, hi = _stored_range(ds)
+        values = vol[where].astype(np.float64)
+        if same_units:
+            slope, inter = _rescale(ds)
+        else:
+            v_lo, v_hi = box_range if box_range is not None else (float(vol.min()), float(vol.max()))
+            slope = max(v_hi - v_lo, 1e-12) / float(hi - lo)
+            inter = v_lo - lo * slope
+            ds.RescaleSlope, ds.RescaleIntercept = f"{slope:.10g}"[:16], f"{inter:.10g}"[:16]
+            slope, inter = _rescale(ds)  # the values as the header (16-character DS strings) holds them
+        raw = np.clip(np.rint((values - inter) / slope), lo, hi).astype(dtype)
+        ds.PixelData = raw.tobytes()
+        ds["PixelData"].VR = "OB" if dtype.itemsize == 1 else "OW"
+        for tag in ("SmallestImagePixelValue", "LargestImagePixelValue"):  # would no longer hold
+            if tag in ds:
+                del ds[tag]
+        ds.SOPInstanceUID = generate_uid()
+        ds.SeriesInstanceUID = series_uid
+        ds.SeriesDescription = (f"{ds.get('SeriesDescription', '')} adversarial (medadv)").strip()[:64]
+        ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
+        ts = ds.file_meta.get("TransferSyntaxUID")
+        if ts is None or ts.is_compressed or not ts.is_little_endian:  # written uncompressed, little endian
+            ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+        ds.save_as(folder_or_file if single else folder_or_file / f"{k:04d}.dcm")
+
+
+def _load_dicom(p: Path, spatial: tuple[int, ...], affine: np.ndarray | None) -> np.ndarray:
+    """A DICOM file or series folder written by :func:`save_example` as a ``spatial`` array in data units."""
+    if affine is None:  # MONAI's own layout (the one the input had without an affine to say otherwise)
+        from monai.transforms import LoadImage
+
+        return np.asarray(LoadImage(reader="PydicomReader", image_only=True)(str(p)), np.float64)
+    plan = _dicom_plan(p, affine, spatial)
+    if plan is None:
+        raise ValueError(f"{p} is not on the voxel grid of the sample (affine / shape {spatial})")
+    vol = np.zeros(spatial, np.float64)
+    for ds, where in plan:
+        vol[where] = _decoded(ds)
+    return vol

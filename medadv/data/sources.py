@@ -395,11 +395,20 @@ def _collate(batch: Sequence[Mapping[str, Any]]) -> Any:
 @functools.cache
 def _dataset_class() -> type:
     from monai.data import Dataset
+    from monai.transforms import Randomizable
 
     class CaseDataset(Dataset):
-        """A MONAI Dataset (no cache: each case is read when its batch is) whose errors name the case."""
+        """A MONAI Dataset (no cache: each case is read when its batch is) whose errors name the case.
+
+        Random transforms are re-seeded per case from ``(seed, index)``: a case gets the same random draws
+        whatever the batch order, the number of DataLoader workers or the rank that reads it in a sharded
+        run, so a distributed or resumed run sees exactly the data of a single-process run."""
+
+        seed = 0
 
         def _transform(self, index: int) -> Any:
+            if isinstance(self.transform, Randomizable):
+                self.transform.set_random_state(seed=(self.seed * 1_000_003 + index) % (2**32))
             try:
                 return super()._transform(index)
             except DataError:
@@ -441,7 +450,8 @@ def make_loader(conf: FileSource, base_dir: str | Path | None, *, batch_size: in
                 seed: int = 0) -> Any:
     """A MONAI ``DataLoader`` streaming the cases in order as dict batches (module docstring).
 
-    Random transforms draw from ``seed`` (the same cases every run, so a resumed run sees the same data).
+    Random transforms draw per case from ``(seed, case index)``: the same cases every run, in any batch order,
+    with any number of workers or processes (a resumed or sharded run sees the same data).
     """
     from monai.data import DataLoader
     from monai.transforms import Compose
@@ -450,8 +460,8 @@ def make_loader(conf: FileSource, base_dir: str | Path | None, *, batch_size: in
     kind = _check_task(cases, task_kind)
     transforms = build_transforms(conf.transforms, _file_keys(cases), sorted(cases[0]))
     pipeline = Compose([*transforms, ToSample(kind)])
-    pipeline.set_random_state(seed=seed)
     dataset = _dataset_class()(data=cases, transform=pipeline)
+    dataset.seed = seed  # random transforms draw per case from (seed, case index): see CaseDataset
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=conf.num_workers,
                         collate_fn=_collate)
     return _Batches(loader, cases)

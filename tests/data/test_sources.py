@@ -268,3 +268,20 @@ def test_data_identity_follows_the_files(tmp_path):
     assert data_identity(FILES, str(tmp_path)) == before
     _nifti(tmp_path, n=1, seed=1, shape=(10, 12, 9))  # case0 rewritten
     assert data_identity(FILES, str(tmp_path)) != before
+
+
+def test_random_transforms_draw_per_case_whatever_the_batching(tmp_path):
+    # a case's random draws depend on (seed, case index) only: sharded, resumed or re-batched runs see the same data
+    _nifti(tmp_path, n=4)
+    spec = {**FILES, "transforms": [{"name": "RandGaussianNoised", "prob": 1.0, "std": 0.1}]}
+
+    def images(batch_size, seed=0):
+        out = []
+        for b in build_loader(spec, str(tmp_path), batch_size=batch_size, task=Segmentation(3), seed=seed):
+            out += list(b["image"].as_tensor())
+        return out
+
+    one, two = images(1), images(2)
+    assert all(torch.equal(a, b) for a, b in zip(one, two, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(one, images(3), strict=True))
+    assert not torch.equal(images(1, seed=1)[0], one[0])  # the draws follow the config's seed
