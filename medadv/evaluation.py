@@ -463,18 +463,19 @@ def _attack_folders(named: list[tuple[str, Attack]]) -> dict[tuple[str, Any], st
 def _saved_columns(model: nn.Module, task: Task, atk: Attack, folder: Path, sub: str, ids: list[int],
                    batch: _Batch, x_d: Tensor, clean_logits: Tensor, y_d: Tensor, res: Any) -> list[dict[str, Any]]:
     """Write each adversarial example, read it back, re-predict it: the ``saved_*`` columns of the batch."""
-    from .data.save import case_stem, load_example, original_dtype, save_example
+    from .data.save import case_stem, dicom_source, load_example, original_dtype, save_example
 
     n = x_d.shape[0]
     x_adv = res.x_adv.detach()
     paths, loaded = [], []
     for i in range(n):
         name = f"{ids[i]:04d}" + (f"_{case_stem(batch.case_ids[i])}" if batch.case_ids is not None else "")
-        path = save_example(x_adv[i], folder / sub / name, box=atk.box,
-                            affine=batch.affine[i] if batch.affine is not None else None,
-                            dtype=original_dtype(batch.meta, i), width_first=batch.width_first)
+        aff = batch.affine[i] if batch.affine is not None else None
+        path = save_example(x_adv[i], folder / sub / name, box=atk.box, affine=aff,
+                            dtype=original_dtype(batch.meta, i), width_first=batch.width_first,
+                            source=dicom_source(batch.meta, i))
         paths.append(path.relative_to(folder).as_posix())
-        loaded.append(load_example(path, box=atk.box, like=x_adv[i], width_first=batch.width_first))
+        loaded.append(load_example(path, box=atk.box, like=x_adv[i], width_first=batch.width_first, affine=aff))
     x_q = torch.stack(loaded)
     with attack_mode(model), torch.no_grad():
         logits_q = forward_tensor(model, x_q)

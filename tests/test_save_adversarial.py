@@ -289,7 +289,7 @@ def test_dicom_file_keeps_the_source_header_and_geometry(tmp_path):
         assert saved.pixel_array.dtype == np.int16 and saved.pixel_array.shape == (ROWS, 128)
         if r["attack"] == "shift":  # the adversarial example is source + 7.3 HU: stored as source + 7 (slope 1)
             assert np.abs(_decoded(saved) - (_decoded(source) + 7.3)).max() <= 0.5
-            assert r["saved_linf"] == pytest.approx(0.3, abs=1e-3)
+            assert r["saved_linf"] == pytest.approx(7.0) and r["linf"] == pytest.approx(7.3, abs=1e-3)
         else:
             assert np.abs(_decoded(saved) - _decoded(source)).max() <= 30.5
             assert abs(r["saved_linf"] - r["linf"]) <= 0.5
@@ -337,7 +337,7 @@ def test_dicom_series_one_file_per_slice_at_the_source_positions(tmp_path):
         for out, src in zip(sorted(saved, key=lambda d: d.InstanceNumber), source, strict=True):
             _headers_match(out, src)  # ImagePositionPatient included: each slice where its source was
             assert np.abs(_decoded(out) - (_decoded(src) - 12.6)).max() <= 0.5
-        assert r["saved_linf"] == pytest.approx(0.4, abs=1e-3)
+        assert r["saved_linf"] == pytest.approx(13.0) and r["linf"] == pytest.approx(12.6, abs=1e-3)  # -12.6 stored as -13
         fooled, correct = _repredict(model, task, folder, items[r["sample"]]["label"])
         assert r["saved_fooled"] == fooled and r["saved_adv_correct"] == correct
 

@@ -10,6 +10,11 @@
 * **2-D, 1 or 3 channels, bounded data** -> PNG: the data box mapped onto ``[0, 255]`` (8-bit, for inputs
   read from 8-bit files and for RGB) or ``[0, 65535]`` (16-bit, grey levels of any other input); an image
   loaded by MONAI (width first) is written back in its file's orientation.
+* **DICOM source** (a file for 2-D, a series folder for 3-D; ``source``, see :func:`dicom_source`), one channel,
+  still on the source's voxel grid -> DICOM: copies of the source headers (patient, study, geometry tags, pixel
+  format) with new SOP/Series Instance UIDs, a SeriesDescription saying "adversarial", and the values stored
+  in the source's integer type through its RescaleSlope/RescaleIntercept (data still in the source's units)
+  or through a new pair mapping the box onto that type (intensity-transformed data); one file per slice.
 * **anything else** (unbounded 2-D data, 2 or 4+ channels, 1-D, 4-D) -> ``.npy`` in the input's dtype
   (lossless).
 
