@@ -47,8 +47,10 @@ def chromium() -> str:
 
 
 def run_chromium(args: list[str], profile: Path) -> subprocess.CompletedProcess:
+    # no network: the background-networking flags keep Chromium from trying (and waiting on) closed hosts
     cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--mute-audio",
-           "--no-first-run", "--force-device-scale-factor=1", f"--user-data-dir={profile}", *args]
+           "--no-first-run", "--disable-quic", "--disable-background-networking", "--disable-component-update",
+           "--disable-sync", "--force-device-scale-factor=1", f"--user-data-dir={profile}", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, f"chromium failed ({proc.returncode}): {proc.stderr[-2000:]}"
     return proc
