@@ -102,8 +102,13 @@ def check_targets(named: list[tuple[str, Attack]], target_fn: TargetFn | None) -
 
 
 def key(name: str, budget: float | None) -> str:
-    """The label of an (attack, budget) pair in ``meta`` dicts: ``"pgd@0.0314"`` (``"dag"`` without a budget)."""
-    return name if budget is None else f"{name}@{budget:.4g}"
+    """The label of an (attack, budget) pair in ``meta`` dicts: ``"pgd@0.0314"`` (``"dag"`` without a budget).
+
+    Names that already carry their budget (a config's ``pgd@0.1``) are kept as they are, not ``pgd@0.1@0.1``.
+    """
+    if budget is None or "@" in name:
+        return name
+    return f"{name}@{budget:.4g}"
 
 
 def forward(model: nn.Module, x: Tensor) -> Tensor:

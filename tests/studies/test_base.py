@@ -41,3 +41,10 @@ def test_importing_the_studies_loads_no_optional_stack():
              "print([m for m in ('monai', 'matplotlib', 'sklearn', 'scipy', 'captum', 'pandas') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True).stdout
     assert out.strip() == "[]"
+
+
+def test_meta_keys_name_each_attack_and_budget_once():
+    from medadv.studies._common import key
+
+    assert key("pgd", 0.1) == "pgd@0.1" and key("dag", None) == "dag"
+    assert key("pgd@0.1", 0.1) == "pgd@0.1"  # a config's entry names already carry the budget
