@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from medadv.tasks import MultiClass, MultiLabel, Segmentation, Task
+from medadv.tasks import Task, task_family
 
 __all__ = ["TASK_KINDS", "Cell", "ok", "refused", "UnsupportedAttackError", "task_kind", "check_supported",
            "counts", "render_markdown", "toolkit_tables", "readme_section", "README_BEGIN", "README_END"]
@@ -65,15 +65,14 @@ def task_kind(task: Task, spatial_dims: int | None = None) -> str:
 
     ``spatial_dims`` (2 or 3) is needed for segmentation; it comes from the input shape the adapter knows.
     """
-    if isinstance(task, MultiLabel):
-        return "multilabel"
-    if isinstance(task, MultiClass):
-        return "multiclass"
-    if isinstance(task, Segmentation):
+    family = task_family(task)
+    if family is None:
+        raise TypeError(f"no support-matrix column for task {task!r}")
+    if family == "segmentation":
         if spatial_dims not in (2, 3):
             raise ValueError(f"`spatial_dims` must be 2 or 3 for a segmentation task, got {spatial_dims!r}")
         return f"seg{spatial_dims}d"
-    raise TypeError(f"no support-matrix column for task {task!r}")
+    return family
 
 
 def check_supported(table: Mapping[str, Mapping[str, Cell]], toolkit: str, attack: str, kind: str) -> Cell:

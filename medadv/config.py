@@ -114,7 +114,7 @@ from .config_schema import (
     validate_section,
 )
 from .params import InvalidParameterError, closest
-from .tasks import MultiClass, MultiLabel, Segmentation, Task
+from .tasks import MultiClass, MultiLabel, Segmentation, Task, task_family
 from .threats import L2, Box, Linf, Threat
 
 __all__ = ["ConfigError", "CodeNotAllowedError", "RandomWeightsWarning", "TRUSTED_PACKAGES", "load_config", "build_model",
@@ -385,12 +385,6 @@ def build_task(spec: Mapping[str, Any]) -> Task:
     return cls(**kw)
 
 
-def _task_kind(task: Task | None) -> str | None:
-    for cls, kind in ((Segmentation, "segmentation"), (MultiLabel, "multilabel"), (MultiClass, "multiclass")):
-        if isinstance(task, cls):
-            return kind
-    return None
-
 
 def _data_loader(spec: Mapping[str, Any], base_dir: str | None) -> Callable[[], tuple[Tensor, Tensor]]:
     """Check a built-in ``data`` section (names, files, arrays present) and return what loads it."""
@@ -463,7 +457,7 @@ def check_data(spec: Mapping[str, Any], base_dir: str | None = None, task: Task 
         return
     from .data.sources import check_source
 
-    check_source(conf, base_dir, _task_kind(task))
+    check_source(conf, base_dir, task_family(task))
 
 
 def build_data(spec: Mapping[str, Any], base_dir: str | None = None) -> tuple[Tensor, Tensor]:
@@ -484,7 +478,7 @@ def build_loader(spec: Mapping[str, Any], base_dir: str | None = None, *, batch_
     if conf is not None:
         from .data.sources import make_loader
 
-        return make_loader(conf, base_dir, batch_size=batch_size, task_kind=_task_kind(task), seed=seed)
+        return make_loader(conf, base_dir, batch_size=batch_size, task_kind=task_family(task), seed=seed)
     x, y = build_data(spec, base_dir)
     return [(x[i: i + batch_size], y[i: i + batch_size]) for i in range(0, x.shape[0], batch_size)]
 

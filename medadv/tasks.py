@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["Task", "MultiClass", "MultiLabel", "Segmentation"]
+__all__ = ["Task", "MultiClass", "MultiLabel", "Segmentation", "task_family"]
 
 
 def _check_finite(name: str, t: Tensor) -> None:
@@ -643,3 +643,13 @@ class Segmentation(Task):
             f"ignore_index={self.ignore_index}, loss={self.loss_name!r}"
             + (", squared_pred=True" if self.squared_pred else "") + ")"
         )
+
+
+def task_family(task: object) -> str | None:
+    """``"multiclass"``, ``"multilabel"`` or ``"segmentation"``: which built-in task ``task`` is (subclasses
+    included), or ``None`` for anything else (a user-defined task). Callers that need one of the three say so
+    in their own error."""
+    for cls in (Segmentation, MultiLabel, MultiClass):
+        if isinstance(task, cls):
+            return cls.name
+    return None

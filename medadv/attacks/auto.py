@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from ..params import Bool, Constant, Int, InvalidParameterError, Names, Optional, Options, _did_you_mean
 from ..runtime import forward_tensor
-from ..tasks import MultiClass, MultiLabel, Segmentation, Task
+from ..tasks import Segmentation, Task, task_family
 from ..threats import Threat
 from .apgd import APGD
 from .base import Attack, AttackDetails, register
@@ -77,13 +77,10 @@ RADIUS_SCHEDULE = ((2.0, 0.3), (1.5, 0.3))
 
 
 def _task_key(task: Task) -> str:
-    if isinstance(task, MultiClass):
-        return "multiclass"
-    if isinstance(task, MultiLabel):
-        return "multilabel"
-    if isinstance(task, Segmentation):
-        return "segmentation"
-    raise TypeError(f"`auto` supports MultiClass, MultiLabel and Segmentation tasks, got {task!r}")
+    key = task_family(task)
+    if key is None:
+        raise TypeError(f"`auto` supports MultiClass, MultiLabel and Segmentation tasks, got {task!r}")
+    return key
 
 
 def auto_components(task: Task, version: str = "standard") -> tuple[str, ...]:

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..tasks import MultiClass, MultiLabel, Segmentation, Task
+from ..tasks import MultiClass, MultiLabel, Segmentation, Task, task_family
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -134,13 +134,10 @@ class SaliencyPair:
 
 # --- building cases ----------------------------------------------------------------------------------------------
 def _kind(task: Task) -> str:
-    if isinstance(task, MultiClass):
-        return "multiclass"
-    if isinstance(task, MultiLabel):
-        return "multilabel"
-    if isinstance(task, Segmentation):
-        return "segmentation"
-    raise TypeError(f"cases support MultiClass, MultiLabel and Segmentation tasks, got {task!r}")
+    kind = task_family(task)
+    if kind is None:
+        raise TypeError(f"cases support MultiClass, MultiLabel and Segmentation tasks, got {task!r}")
+    return kind
 
 
 def _change(task: Task, cp: Tensor, ap: Tensor, x: Tensor, x_adv: Tensor) -> Tensor:
