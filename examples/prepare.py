@@ -98,12 +98,6 @@ def write_whole(folder: Path, spacing_mm: int = 2) -> None:
     (folder / "dataset.json").write_text(json.dumps(datalist, indent=1))
 
 
-def _monai_layout(x: torch.Tensor) -> torch.Tensor:
-    # MONAI reads a PNG of H rows and W columns as a (W, H) array (its first axis is x): the model is trained
-    # on images as the example's data pipeline will give them
-    return x.transpose(-1, -2)
-
-
 def write_png(folder: Path, n: int | None = None) -> None:
     """Held-out brain patches as 8-bit PNGs and a CSV with one 0/1 column per label."""
     from PIL import Image
@@ -137,7 +131,7 @@ def train_unet(path: Path, quick: bool = False) -> None:
 
 
 def train_cnn(path: Path, quick: bool = False) -> None:
-    """A small multi-label CNN on the training slices (8-bit quantised, MONAI's layout)."""
+    """A small multi-label CNN on the training slices (8-bit quantised, in the PNGs' orientation)."""
     from medadv.data.brain_patches import brain_patches
     from medadv.models import fit_supervised, save_checkpoint, small_cnn
     from medadv.tasks import MultiLabel
@@ -145,7 +139,9 @@ def train_cnn(path: Path, quick: bool = False) -> None:
     if path.is_file():
         return
     train = brain_patches(source="nilearn", split="train")
-    x = _monai_layout(torch.from_numpy(_uint8(train.x)).float() / 255)
+    # trained on the patches as written to the PNGs: medadv's data sources read a PNG as PIL and torchvision
+    # do, (C, H, W)
+    x = torch.from_numpy(_uint8(train.x)).float() / 255
     n = 32 if quick else len(train)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)

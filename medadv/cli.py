@@ -27,20 +27,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     cfg = DemoConfig(epochs=args.epochs, steps=args.steps, n_test=args.n_test)
     out = run_demo(cfg, retrain=args.retrain, progress=not args.no_progress)
     if args.output:
-        from .data.mni152 import TISSUE_CLASSES
-        from .report import select_cases, write_html_report, write_report
+        from .demo import write_demo_outputs
 
-        res = out["results"]
-        title = "medadv demo: MNI152 tissue segmentation"
-        Path(args.output).mkdir(parents=True, exist_ok=True)
-        res.to_json(Path(args.output) / "results.json")
-        res.to_csv(Path(args.output) / "results.csv")
-        print(f"report: {write_report(res, args.output, title=title)}")
-        strongest = list(out["attacks"].values())[-1]  # the largest budget of the last attack family
-        cases = select_cases(out["model"], out["task"], out["x"], out["y"], strongest, k=2,
-                             class_names=TISSUE_CLASSES, axis_names=("sagittal", "coronal", "axial"))
-        html = write_html_report(res, args.output, title=title, class_names=TISSUE_CLASSES, cases=cases)
-        print(f"report: {html}")
+        for path in write_demo_outputs(out, args.output)[2:]:
+            print(f"report: {path}")
     return 0
 
 
@@ -58,9 +48,18 @@ def _existing_outputs(out: Path) -> list[Path]:
     return found
 
 
+def _occupied(out: Path, before: str | None, fingerprint: str) -> FileExistsError:
+    what = f"another config or other data (fingerprint {before}, this run {fingerprint})" if before else \
+        "an unknown run (no run.json)"
+    return FileExistsError(f"output folder {out} holds results of {what}: pass --overwrite to replace them, or "
+                           "give another `output` (or --output)")
+
+
 def _check_output(out: Path, fingerprint: str, overwrite: bool) -> str:
     """What to do with the output folder: ``"new"``, ``"resume"`` (results of the same fingerprint are
-    there) or ``"replace"`` (``--overwrite``); results of another config or data stop the run."""
+    there), ``"replace"`` (``--overwrite``) or ``"adopt"`` (row logs and no ``run.json``, as a run killed
+    before its record was there leaves them: :func:`_adopt` decides from the rows once the model is built);
+    results of another config or data stop the run."""
     import json
 
     found = _existing_outputs(out)
@@ -74,25 +73,142 @@ def _check_output(out: Path, fingerprint: str, overwrite: bool) -> str:
         before = None
     if before == fingerprint:
         return "resume"
-    what = f"another config or other data (fingerprint {before}, this run {fingerprint})" if before else \
-        "an unknown run (no run.json)"
-    raise FileExistsError(f"output folder {out} holds results of {what}: pass --overwrite to replace them, or "
-                          "give another `output` (or --output)")
+    logs_only = all(p.name == "log.jsonl" or p.match("log.rank*.jsonl") or p.name == ADVERSARIAL_DIR for p in found)
+    if before is None and not (out / "run.json").exists() and logs_only:
+        return "adopt"
+    raise _occupied(out, before, fingerprint)
+
+
+def _row_fingerprints(model: Any, task: Any, attacks: Any, cfg: dict[str, Any], target_fn: Any) -> dict[str, str]:
+    """The settings fingerprint ``evaluate`` gives the rows of each attack of this config (the ``config``
+    column of the logs).
+
+    Uses evaluation's private helpers, with evaluate's own arguments, so that the two cannot drift apart."""
+    from .evaluation import _fingerprint, _weights_hash
+
+    weights = _weights_hash(model)
+    return {name: _fingerprint(weights, task, atk, cfg["hd95"], cfg["spacing"], target_fn, seed=cfg["seed"],
+                               save=bool(cfg["save_adversarial"]))
+            for name, atk in attacks.items()}
+
+
+def _adopt(out: Path, fingerprint: str, expected: dict[str, str]) -> str:
+    """``"adopt"`` when every row of the folder's logs came from this config's settings (a run of this config
+    killed before ``run.json`` was there: its rows are resumed, not thrown away), else the "unknown run" error."""
+    from . import distributed
+    from .results import Results
+
+    rows = [r for p in distributed.log_files(out / "log.jsonl") for r in Results.read_log(p).rows]
+    ours = all(isinstance(r, dict) and r.get("config") is not None and expected.get(str(r.get("attack"))) == r["config"]
+               for r in rows)
+    if ours and (rows or not (out / ADVERSARIAL_DIR).exists()):
+        return "adopt"
+    raise _occupied(out, None, fingerprint)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """``path`` holds ``text`` in full or is as it was: a temporary file beside it, flushed to disk, renamed."""
+    import os
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _prepare_output(out: Path, action: str, record: dict) -> None:
-    """Rank 0 only: empty the folder of medadv's outputs (``replace``), then write ``run.json`` atomically."""
+    """Rank 0 only: empty the folder of medadv's outputs (``replace``), then write ``run.json`` atomically.
+
+    ``run.json`` identifies the run: it is written before any rank logs a row, and replaced last (a run killed
+    while the folder is emptied leaves the old record beside what is left of the old results)."""
     import json
-    import os
     import shutil
 
     if action == "replace":
         for p in _existing_outputs(out):
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
+            if p.name == "run.json":
+                continue  # overwritten atomically below
+            if p.is_symlink() or not p.is_dir():
+                p.unlink()  # a link is removed, never followed
+            else:
+                shutil.rmtree(p)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".run.json.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, out / "run.json")
+    _write_atomic(out / "run.json", json.dumps(record, indent=1))
+
+
+def _check_adversarial_links(out: Path) -> None:
+    """Refuse symbolic links under ``out/adversarial`` that lead outside ``out``: saving would write through
+    them (before anything is computed; :func:`medadv.data.save.save_example` checks each file as well)."""
+    import os
+
+    from .data.save import check_inside
+
+    adv = out / ADVERSARIAL_DIR
+    if adv.is_symlink():
+        check_inside(adv, out)
+    if not adv.is_dir():
+        return
+    for folder, dirs, files in os.walk(adv):  # links are not followed, only checked
+        for name in [*dirs, *files]:
+            if (p := Path(folder) / name).is_symlink():
+                check_inside(p, out)
+
+
+def _output_error(e: OSError, out: Path) -> OSError:
+    """One line for an operating-system error while the results are written: the path (the output folder when
+    the OS does not name one, as for a full disk) and the reason. medadv's own messages pass unchanged."""
+    import os
+
+    if e.errno is None:
+        return e
+    reason = e.strerror or str(e)
+    if e.filename is None:
+        return OSError(f"cannot write into the output folder {out}: {reason}")
+    path = Path(os.fsdecode(e.filename))
+    inside = path == out or out in path.parents
+    return OSError(f"cannot write {path}: {reason}" if inside else f"{path}: {reason}")
+
+
+def _check_output_writable(out: Path) -> None:
+    """``medadv validate``: the output folder can be created and written. What it creates to find out (the
+    folder and its missing parents, a temporary file) is removed again."""
+    import tempfile
+
+    from .config_schema import ConfigError
+
+    if out.exists() and not out.is_dir():
+        raise ConfigError([f"`output` {out} is a file, not a folder"])
+    if out.is_dir():
+        try:
+            with tempfile.TemporaryFile(dir=out):
+                pass
+        except OSError as e:
+            raise ConfigError([f"`output` {out} is not writable: {e.strerror or e}"]) from None
+        return
+    existing = out.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError([f"`output` {out} cannot be created: {existing} is a file, not a folder"])
+    created = [p for p in (out, *out.parents) if p != existing and existing in p.parents]
+    try:
+        out.mkdir(parents=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        raise ConfigError([f"`output` {out} cannot be created: {e.strerror or e}"]) from None
+    finally:
+        for p in created:  # deepest first; only what this check made
+            if p.is_dir() and not p.is_symlink():
+                try:
+                    p.rmdir()
+                except OSError:
+                    break
 
 
 def _run_studies(cfg: dict[str, Any], model: Any, task: Any, data: Any, attacks: Any, target_fn: Any,
@@ -128,13 +244,14 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         check_data,
         check_model,
         check_targets,
+        class_names,
         config_fingerprint,
         load_config,
         model_name,
         wrap_inference,
     )
     from .evaluation import evaluate
-    from .report import write_html_report, write_report
+    from .report import worst_cases, write_html_report, write_report
 
     cfg = load_config(args.config)
     base = cfg["_dir"]
@@ -147,17 +264,23 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     check_targets(attacks, cfg["target"])
     check_model(cfg["model"], base, allow_code=allow_code)
     check_data(cfg["data"], base, task)
+    names = class_names(cfg)
     out = Path(args.output or cfg["output"])
     if not out.is_absolute() and not args.output:
         out = Path(base) / out
     fingerprint = config_fingerprint(cfg)
     distributed.init_from_env()  # torchrun: join the process group; alone: nothing
+    data: Any = None
     try:
         action = _check_output(out, fingerprint, args.overwrite)  # every rank decides before rank 0 acts
         torch.manual_seed(cfg["seed"])  # before the model is built: its random parts follow the config's seed
         model = wrap_inference(build_model(cfg["model"], base, allow_code=allow_code), cfg["inference"])
         model = model.to(distributed.device())
         data = build_loader(cfg["data"], base, batch_size=cfg["batch_size"], task=task, seed=cfg["seed"])
+        if action == "adopt":  # logs without run.json: resumed if every row is this config's (every rank decides)
+            action = _adopt(out, fingerprint, _row_fingerprints(model, task, attacks, cfg, target_fn))
+        if cfg["save_adversarial"]:
+            _check_adversarial_links(out)
         # the output folder is touched only once the model and the data are ready: a failed start leaves it as is
         distributed.barrier()
         if distributed.is_main():
@@ -166,22 +289,35 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
                 "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
             if action == "resume":
                 print(f"resuming into {out} (results of the same config and data are there)", file=sys.stderr)
+            elif action == "adopt":
+                print(f"resuming into {out}: it has no run.json (a killed run?), and every row of its logs comes from "
+                      "this config", file=sys.stderr)
         distributed.barrier()  # the folder is ready before any rank logs into it
         settings = {k: v for k, v in cfg.items() if k != "_dir"}
         res = evaluate(model, task, data, attacks, log=out / "log.jsonl", progress=not args.no_progress,
                        target_fn=target_fn, hd95=cfg["hd95"], spacing=cfg["spacing"], seed=cfg["seed"],
                        save_adversarial=out / ADVERSARIAL_DIR if cfg["save_adversarial"] else None,
                        meta={"config": str(Path(args.config).resolve()), "model": model_name(cfg["model"]),
-                             "config_fingerprint": fingerprint, "settings": settings})
+                             "config_fingerprint": fingerprint, "settings": settings,
+                             **({"classes": names} if names else {})})
         if distributed.is_main():
             res.to_json(out / "results.json")
             res.to_csv(out / "results.csv")
             report = write_report(res, out)
             studies = _run_studies(cfg, model, task, data, attacks, target_fn, out)
-            html = write_html_report(res, out, studies=studies, title=f"medadv: {Path(args.config).name}")
+            # the most-damaged samples of each attack, attacked again under evaluate's per-batch seed to draw them
+            cases = worst_cases(model, task, data, attacks, res, k=cfg["cases"], seed=cfg["seed"],
+                                target_fn=target_fn, class_names=names) if cfg["cases"] else []
+            html = write_html_report(res, out, studies=studies, cases=cases, class_names=names,
+                                     title=f"medadv: {Path(args.config).name}")
             print(res.format_summary())
             print(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}, {report}, {html}")
         distributed.barrier()
+    except OSError as e:  # a full disk, a read-only folder: one line naming the path, not two tracebacks
+        err = _output_error(e, out)
+        if err is e:
+            raise
+        raise err from e
     finally:
         distributed.destroy()
     return 0
@@ -198,6 +334,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         check_model,
         check_target,
         check_targets,
+        class_names,
         load_config,
     )
 
@@ -221,6 +358,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             attempt(lambda: check_targets(attacks, cfg["target"]))
     attempt(lambda: check_model(cfg["model"], cfg["_dir"], allow_code=allow_code))
     attempt(lambda: check_data(cfg["data"], cfg["_dir"], task))
+    attempt(lambda: class_names(cfg))
+    out = Path(cfg["output"]) if Path(cfg["output"]).is_absolute() else Path(cfg["_dir"]) / cfg["output"]
+    attempt(lambda: _check_output_writable(out))  # created and removed again if it is not there
     if errors:
         raise ConfigError(errors)
     print(f"OK: {args.config}: {len(attacks)} attack runs ({', '.join(attacks)})")
@@ -328,16 +468,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, TypeError, FileNotFoundError, FileExistsError) as e:
+    except (ValueError, TypeError, OSError) as e:
         # a mistake in the config or the command line (InvalidParameterError and ConfigError are ValueErrors;
-        # TypeError: an attack refusing a task or threat it does not apply to): the message, not a
-        # traceback, unless asked for
+        # TypeError: an attack refusing a task or threat it does not apply to), or a file that cannot be read or
+        # written (OSError: the path and the reason): the message, not a traceback, unless asked for
         if args.debug:
             traceback.print_exc()
-        lines = [line for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+        text = str(e) if not isinstance(e, OSError) or e.errno is None else \
+            f"{e.filename}: {e.strerror}" if e.filename is not None else e.strerror or str(e)
+        lines = [_clip_line(line) for line in text.splitlines() if line.strip()] or [type(e).__name__]
         for line in lines:
             print(f"medadv: error: {line}", file=sys.stderr)
         return 2
+
+
+def _clip_line(line: str, word: int = 500, total: int = 4000) -> str:
+    """An error line of bounded length: a config value of megabytes is not echoed back whole. Any run of
+    ``word`` or more non-blank characters (longer than any sane path) keeps its first 80 and says how long it
+    was; then a line still longer than ``total`` keeps its first ``total // 2`` characters."""
+    import re
+
+    line = re.sub(rf"\S{{{word},}}", lambda m: f"{m[0][:80]}…({len(m[0])} chars)", line)
+    return line if len(line) <= total else f"{line[: total // 2]}…({len(line)} chars)"
 
 
 if __name__ == "__main__":

@@ -61,7 +61,8 @@ MONAI sliding-window inference (:class:`medadv.models.sliding.SlidingWindow`), s
 volumes within a budget on the whole volume; HD95 then uses each case's voxel spacing from its header.
 ``save_adversarial: true`` writes the adversarial examples into ``<output>/adversarial/``.
 
-Budgets and bounds are in the data's units. Every registered attack is built from its name with its
+Budgets and bounds are in the data's units: an L∞ budget above half the data range (``budgets: [8]`` on
+``bounds: [0, 1]``, meant as 8/255) is refused unless ``allow_large_budgets: true``. Every registered attack is built from its name with its
 defaults plus the parameters given (``medadv attacks --params NAME`` lists them); an unknown parameter
 is an error naming the closest valid one. Attacks with an ε-ball (``threat_kind`` "ball" or
 "ball_or_box") get one instance per budget, named ``label@budget``, on the ``threat`` ball; attacks
@@ -115,12 +116,12 @@ from .config_schema import (
 )
 from .params import InvalidParameterError, closest
 from .tasks import MultiClass, MultiLabel, Segmentation, Task, task_family
-from .threats import L2, Box, Linf, Threat
+from .threats import L2, Box, LargeBudgetWarning, Linf, Threat
 
 __all__ = ["ConfigError", "CodeNotAllowedError", "RandomWeightsWarning", "TRUSTED_PACKAGES", "load_config", "build_model",
            "check_model", "model_name", "build_task", "build_data", "build_loader", "check_data", "data_identity",
            "wrap_inference", "config_fingerprint", "build_attacks", "build_target_fn", "check_target",
-           "check_targets"]
+           "check_targets", "class_names"]
 
 #: packages whose functions a config may name without ``allow_code``
 TRUSTED_PACKAGES = ("medadv", "monai", "torchvision")
@@ -166,6 +167,29 @@ def _allow_file(path: Path, spec: str, where: str, base_dir: str | None, allow_c
                                    f"({path.resolve()}): {_OPT_IN}"])
 
 
+@functools.cache
+def _unique_key_loader() -> type:
+    """A ``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    twice = key in seen
+                    seen.add(key)
+                except TypeError:  # an unhashable key: SafeLoader's own error names it
+                    break
+                if twice:
+                    raise yaml.constructor.ConstructorError(None, None, f"key `{str(key)[:80]}` is given twice",
+                                                            key_node.start_mark)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
 def load_config(path: str | os.PathLike) -> dict[str, Any]:
     """The config file, checked against the schema (:mod:`medadv.config_schema`), as a plain mapping.
 
@@ -179,7 +203,9 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
     if not p.is_file():
         raise FileNotFoundError(f"config file not found: {p.resolve()}")
     try:
-        raw = yaml.safe_load(p.read_text())
+        raw = yaml.load(p.read_text(), Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader
+    except RecursionError:
+        raise ConfigError([f"{p}: not valid YAML: nested too deeply"]) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -280,6 +306,8 @@ def _network(conf: ModelSection, base_dir: str | None, *, load: bool,
             return load_torchscript(path, "cpu", where="`model.torchscript`")
 
         return scripted
+    # pretrained weights are refused by the argument's name, whatever module the builder comes from
+    loading.refuse_downloads(kwargs, "model.kwargs")
     if kind == "monai":
         fn = loading.resolve_monai(name.rsplit(".", 1)[-1], "`model.monai`")
         kwargs = loading.no_download(fn, kwargs, "model.kwargs")
@@ -294,8 +322,9 @@ def _network(conf: ModelSection, base_dir: str | None, *, load: bool,
             return None
         fn = loading.import_file(path, in_file[1], where)
     elif ":" in name:
-        mod, attr = _module_exists(name, "model.builder")
+        # trust is decided from the text: finding the module imports its parent packages (their code runs)
         _allow_module(name, "model.builder", allow_code)
+        mod, attr = _module_exists(name, "model.builder")
         if not load and mod not in sys.modules:  # importing a user module runs its code: only find it
             return None
         fn = _import(name, "model.builder")
@@ -314,6 +343,7 @@ def _network(conf: ModelSection, base_dir: str | None, *, load: bool,
         fn = getattr(models, name)
     loading.check_builder(fn, where)
     loading.check_kwargs(fn, kwargs, "model.kwargs")
+    kwargs = loading.no_download(fn, kwargs, "model.kwargs")  # a default that downloads is switched off
     return functools.partial(loading.call_builder, fn, kwargs, where)
 
 
@@ -359,14 +389,15 @@ def build_model(spec: Mapping[str, Any], base_dir: str | None = None, *, seed: i
     running code already.
     """
     from .models.io import load_checkpoint
+    from .offline import no_network
 
     conf: ModelSection = validate_section(ModelSection, spec, ("model",))
     path = _checkpoint(conf, base_dir)  # a missing file is found before any user code runs
     make = _network(conf, base_dir, load=True, allow_code=allow_code)
     assert make is not None
     seed = seed if seed is not None else conf.seed if conf.seed is not None else 0
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with torch.random.fork_rng(devices=[]), no_network("while the model was built"):
+        torch.manual_seed(seed)  # nothing downloads: a builder that tries to is stopped with a clear error
         model = make()
     if path is not None:
         load_checkpoint(path, model, strip_prefix=conf.strip_prefix, where="`model.checkpoint`")
@@ -380,9 +411,43 @@ def build_model(spec: Mapping[str, Any], base_dir: str | None = None, *, seed: i
 
 def build_task(spec: Mapping[str, Any]) -> Task:
     conf: MultiClassTask | MultiLabelTask | SegmentationTask = validate_section(TaskSection, spec, ("task",))
-    kw = conf.model_dump(exclude={"type"})
+    kw = conf.model_dump(exclude={"type", "class_names"})  # class names are for the report
     cls = {"multiclass": MultiClass, "multilabel": MultiLabel, "segmentation": Segmentation}[conf.type]
     return cls(**kw)
+
+
+def class_names(cfg: Mapping[str, Any]) -> list[str] | None:
+    """The names of the classes / labels of a loaded config (:func:`load_config`), for the report.
+
+    ``task.class_names`` when given; else the label columns of a multi-label ``csv`` source (its
+    ``label_columns``, or every column but the image and id columns), or the tissue names of the built-in
+    ``mni152`` source for a 4-class segmentation; else None (the report shows indices). A multi-label CSV
+    whose label columns are not as many as the ``class_names`` given is a :class:`ConfigError`.
+    """
+    task, data = cfg["task"], cfg["data"]
+    given = task.get("class_names")
+    if task.get("type") == "multilabel" and data.get("source") == "csv" and data.get("label_column") is None:
+        columns = data.get("label_columns")
+        if columns is None:
+            import csv
+
+            path = _relative(str(data["path"]), cfg.get("_dir"))
+            try:
+                with path.open(newline="") as f:
+                    header = next(csv.reader(f), [])
+            except OSError:  # check_data names a missing CSV
+                header = []
+            columns = [c for c in header if c not in (data.get("image_column"), data.get("id_column"))] or None
+        if columns is not None and given is not None and len(given) != len(columns):
+            raise ConfigError([f"`task.class_names` lists {len(given)} names for the {len(columns)} label columns "
+                               f"of `data` ({', '.join(columns)})"])
+        return list(given or columns or []) or None
+    if given is None and data.get("source") == "mni152" and task.get("type") == "segmentation" \
+            and task.get("num_classes") == 4:
+        from .data.mni152 import TISSUE_CLASSES
+
+        return list(TISSUE_CLASSES)
+    return list(given) if given is not None else None
 
 
 
@@ -528,7 +593,10 @@ def config_fingerprint(cfg: Mapping[str, Any]) -> str:
     from .params import stable_hash
 
     base = cfg.get("_dir")
-    settings = {k: v for k, v in cfg.items() if k not in ("output", "_dir")}
+    # what only changes the report (class names, how many cases it draws) does not change the results
+    settings = {k: v for k, v in cfg.items() if k not in ("output", "_dir", "cases")}
+    if isinstance(settings.get("task"), Mapping):
+        settings["task"] = {k: v for k, v in settings["task"].items() if k != "class_names"}
     files = []
     model = cfg.get("model") or {}
     named = [model.get("checkpoint"), model.get("torchscript")]
@@ -545,8 +613,11 @@ def _box(spec: ThreatSection) -> Box:
     return Box.unbounded() if b is None else Box(b[0], b[1])
 
 
-def _threat(spec: ThreatSection, eps: float) -> Threat:
-    return (Linf if spec.norm == "linf" else L2)(eps, bounds=_box(spec))
+def _threat(spec: ThreatSection, eps: float, allow_large: bool = False) -> Threat:
+    with warnings.catch_warnings():
+        if allow_large:  # the config opted in (`allow_large_budgets: true`): no warning on top
+            warnings.simplefilter("ignore", LargeBudgetWarning)
+        return (Linf if spec.norm == "linf" else L2)(eps, bounds=_box(spec))
 
 
 def _relative_paths(value: Any, base_dir: str | None) -> Any:
@@ -584,7 +655,7 @@ def build_attacks(cfg: Mapping[str, Any], task: Task) -> dict[str, Attack]:
             if budgets is None:
                 raise ConfigError([f"`attacks` entry {label!r} needs an ε: give `budgets: [...]` (or `threat.eps`) "
                                    "in data units, e.g. budgets: [8/255]"])
-            made = {f"{label}@{eps:.6g}": _threat(plan.threat, eps) for eps in budgets}
+            made = {f"{label}@{eps:.6g}": _threat(plan.threat, eps, plan.allow_large_budgets) for eps in budgets}
         for key, threat in made.items():
             if key in out:
                 raise ConfigError([f"two `attacks` entries are both called {label!r}; give them distinct `id`s"])
@@ -621,8 +692,8 @@ def build_target_fn(spec: str | None, task: Task, *, allow_code: bool = True) ->
     if not isinstance(spec, str):
         raise ValueError(f"`target` must be background, least_likely or 'package.module:function', got {spec!r}")
     if ":" in spec:
+        _allow_module(spec, "target", allow_code)  # from the text, before finding the module imports its package
         _module_exists(spec, "target")
-        _allow_module(spec, "target", allow_code)
         return _import(spec, "target")
     kind = spec.lower()
     if kind == "background":
@@ -644,8 +715,8 @@ def build_target_fn(spec: str | None, task: Task, *, allow_code: bool = True) ->
 def check_target(spec: str | None, task: Task, *, allow_code: bool = True) -> None:
     """What :func:`build_target_fn` would refuse, without importing a user module."""
     if isinstance(spec, str) and ":" in spec:
+        _allow_module(spec, "target", allow_code)  # from the text, before finding the module imports its package
         _module_exists(spec, "target")
-        _allow_module(spec, "target", allow_code)
     else:
         build_target_fn(spec, task)
 

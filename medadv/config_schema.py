@@ -20,6 +20,7 @@ from fractions import Fraction
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -39,7 +40,7 @@ from .params import InvalidParameterError, closest
 
 __all__ = ["ConfigError", "Config", "AttackPlan", "AttackEntry", "ModelSection", "MODEL_KINDS", "TaskSection", "DataSection",
            "DATA_SOURCES", "FILE_SOURCES", "TransformEntry", "FilesData", "DatalistData", "CsvData", "InferenceSection",
-           "ThreatSection", "parse_budget", "validate_config", "validate_section", "format_errors"]
+           "ThreatSection", "MAX_BUDGET_FRACTION", "parse_budget", "validate_config", "validate_section", "format_errors"]
 
 
 class ConfigError(InvalidParameterError):
@@ -60,7 +61,7 @@ def parse_budget(value: Any) -> float:
         try:
             # Fraction parses "8/255" exactly; float() of it is the correctly rounded 8/255
             out = float(Fraction(value.replace(" ", "")))
-        except (ValueError, ZeroDivisionError):
+        except (ValueError, ZeroDivisionError, OverflowError):  # OverflowError: text such as 1e400
             raise PydanticCustomError("budget", "must be a number or a fraction such as 8/255; got {given}",
                                       {"given": _given(value)}) from None
     else:
@@ -91,6 +92,20 @@ Budget = Annotated[float, BeforeValidator(parse_budget)]
 Int = Annotated[int, Strict()]
 Bool = Annotated[bool, Strict()]
 Number = Annotated[float, Strict()]  # ints are numbers too; strings are not
+Spacing = Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]  # a voxel's size: finite, > 0
+
+
+def _distinct_names(value: list[str]) -> list[str]:
+    seen: set[str] = set()
+    twice = [v for v in value if v in seen or seen.add(v)]  # type: ignore[func-returns-value]
+    if twice:
+        raise PydanticCustomError("class_names", "names a class twice: '{name}'", {"name": twice[0]})
+    return value
+
+
+#: names of the classes / labels, shown in the report instead of indices (``[background, liver, tumour]``)
+ClassNames = Annotated[list[Annotated[str, Strict(), Field(min_length=1)]], Field(min_length=1),
+                       AfterValidator(_distinct_names)]
 
 TASK_TYPES = ("multiclass", "multilabel", "segmentation")
 MODEL_KINDS = ("builder", "monai", "torchvision", "torchscript")
@@ -119,7 +134,7 @@ class _Section(BaseModel):
                     meant.add(c)
                 errors.append(InitErrorDetails(type=PydanticCustomError(
                     "unknown_key", "unknown key `{key}`{hint} (valid keys: {valid})",
-                    {"key": str(key), "hint": f"; did you mean `{c}`?" if c else "", "valid": ", ".join(valid)}),
+                    {"key": _clip(str(key)), "hint": f"; did you mean `{c}`?" if c else "", "valid": ", ".join(valid)}),
                     loc=(), input=data))
         # the known keys are checked too, so that every mistake is reported at once
         try:
@@ -186,11 +201,13 @@ class ModelSection(_Section):
 
 class MultiClassTask(_Section):
     type: Literal["multiclass"]
+    class_names: ClassNames | None = None  # one per model output, in output order (report only)
 
 
 class MultiLabelTask(_Section):
     type: Literal["multilabel"]
     threshold: Number = Field(0.5, gt=0.0, lt=1.0)
+    class_names: ClassNames | None = None  # one per label, in output order (default: a CSV's label columns)
 
 
 class SegmentationTask(_Section):
@@ -202,6 +219,14 @@ class SegmentationTask(_Section):
     dice_threshold: Number = Field(0.5, ge=0.0, le=1.0)
     target_fraction: Number = Field(0.99, ge=0.0, le=1.0)
     squared_pred: Bool = False
+    class_names: ClassNames | None = None  # num_classes names, background (class 0) first (report only)
+
+    @model_validator(mode="after")
+    def _one_name_per_class(self) -> SegmentationTask:
+        if self.class_names is not None and len(self.class_names) != self.num_classes:
+            raise PydanticCustomError("class_names", "lists {n} `class_names` for num_classes = {k} (one name "
+                                      "per class, background first)", {"n": len(self.class_names), "k": self.num_classes})
+        return self
 
 
 class Mni152Data(_Section):
@@ -342,6 +367,30 @@ class ThreatSection(_Section):
         return b
 
 
+#: an L∞ budget above this fraction of the data range (``hi - lo``) is refused unless ``allow_large_budgets``
+MAX_BUDGET_FRACTION = 0.5
+
+
+def _check_budget_scale(threat: ThreatSection, budgets: Sequence[float] | None, allow: bool) -> None:
+    """Refuse an L∞ budget larger than :data:`MAX_BUDGET_FRACTION` of the data range: a budget in the wrong units
+    (``8`` meant as 8/255 on data in [0, 1]) makes the ball the whole box, and its results mean nothing.
+
+    Not for L2 (its norm sums over every element, so no single element's range bounds it) nor unbounded data.
+    """
+    if allow or threat.bounds is None or threat.norm != "linf":
+        return
+    lo, hi = threat.bounds
+    given = [(f"budgets[{i}]", b) for i, b in enumerate(budgets or ())]
+    if threat.eps is not None:
+        given.append(("threat.eps", threat.eps))
+    for where, eps in given:
+        if eps > MAX_BUDGET_FRACTION * (hi - lo):
+            raise PydanticCustomError(
+                "large_budget", "`{where}` is {eps}, more than half the data range [{lo}, {hi}] (`threat.bounds`): "
+                "budgets are in data units, e.g. use 8/255 for 8 on a 0-255 scale; set `allow_large_budgets: true` "
+                "if you mean it", {"where": where, "eps": f"{eps:g}", "lo": f"{lo:g}", "hi": f"{hi:g}"})
+
+
 class AttackEntry(BaseModel):
     """``{name: pgd, id: pgd-50, steps: 50}`` or a bare ``pgd``; the other keys are the attack's
     parameters, checked by its declarations when it is built. ``id`` names the entry (``label`` too, for
@@ -411,7 +460,7 @@ DataSection = Annotated[
     _normalise("source", DATA_SOURCES, {}),
 ]
 _TAGS = set(TASK_TYPES) | set(DATA_SOURCES)
-_BRANCHES = {"float", "int", "str", "bool", "nullable"}  # union branch names pydantic puts in error locations
+_BRANCHES = {"float", "int", "str", "bool", "nullable", "constrained-float", "constrained-int"}  # union branch names pydantic puts in error locations
 
 
 class AttackPlan(BaseModel):
@@ -421,6 +470,12 @@ class AttackPlan(BaseModel):
     threat: ThreatSection
     budgets: Annotated[list[Budget], Field(min_length=1)] | None = None
     attacks: Annotated[list[AttackEntry], Field(min_length=1)]
+    allow_large_budgets: Bool = False
+
+    @model_validator(mode="after")
+    def _budget_scale(self) -> AttackPlan:
+        _check_budget_scale(self.threat, self.budgets, self.allow_large_budgets)
+        return self
 
     def budget_list(self) -> list[float] | None:
         """``budgets``, else ``[threat.eps]``, else ``None`` (only box attacks can run)."""
@@ -443,20 +498,32 @@ class Config(_Section):
     output: str = Field("medadv-results", min_length=1)
     seed: Int = 0
     hd95: Bool = False
-    spacing: Number | Annotated[list[Number], Field(min_length=1)] | None = None  # voxel spacing for HD95
+    spacing: Spacing | Annotated[list[Spacing], Field(min_length=1)] | None = None  # voxel spacing for HD95 (mm)
     inference: InferenceSection | None = None  # sliding-window inference over whole volumes
     save_adversarial: Bool = False  # write the adversarial examples with the input's geometry
+    cases: Int = Field(2, ge=0)  # report.html draws the k most-damaged samples of each attack (0: none)
     allow_code: Bool = False  # let builders outside medadv/MONAI/torchvision and files elsewhere run
+    allow_large_budgets: Bool = False  # L∞ budgets above half the data range (see MAX_BUDGET_FRACTION)
     # the papers' studies (medadv.studies), each entry checked by its study's own schema in load_config
     studies: Annotated[list[Any], Field(min_length=1)] | None = None
 
     budget_list = AttackPlan.budget_list
 
+    @model_validator(mode="after")
+    def _budget_scale(self) -> Config:
+        _check_budget_scale(self.threat, self.budgets, self.allow_large_budgets)
+        return self
+
 
 # --- errors --------------------------------------------------------------------------------------------------------
+def _clip(text: str, limit: int = 80) -> str:
+    """``text``, or its first ``limit`` characters and its length: an error never echoes a huge value whole."""
+    return text if len(text) <= limit else f"{text[:limit]}…({len(text)} chars)"
+
+
 def _given(value: Any) -> str:
     if isinstance(value, float | int | str | bool) or value is None:
-        return f"{value!r} ({type(value).__name__})"
+        return f"{_clip(repr(value))} ({type(value).__name__})"
     if isinstance(value, list | tuple | dict) and len(repr(value)) <= 60:
         return repr(value)
     return type(value).__name__
@@ -491,8 +558,8 @@ def _message(err: Mapping[str, Any], where: str) -> str | None:
     if kind == "option":
         field = f"{where}.{ctx['field']}" if where and ctx.get("field") else where or ctx.get("field", "")
         return f"`{field}` must be one of {ctx['listed']}; got {ctx['given']}{ctx['hint']}"
-    if kind == "transform":
-        return f"{subject}: {err['msg']}"
+    if kind in ("transform", "large_budget"):
+        return f"{subject}: {err['msg']}" if kind == "transform" else err["msg"]
     if kind == "attack_name":
         return err["msg"] + (f" (in `{where}`)" if where else "")
     if kind == "missing":
@@ -523,7 +590,7 @@ def format_errors(exc: ValidationError, prefix: Sequence[str | int] = ()) -> lis
     seen: set[str] = set()
     for err in errors:
         where = _where([*prefix, *err["loc"]])
-        if where in seen and err["type"] not in ("unknown_key", "missing"):
+        if where in seen and err["type"] not in ("unknown_key", "missing", "large_budget"):
             continue
         seen.add(where)
         msg = _message(err, where)
@@ -553,5 +620,27 @@ def validate_config(data: Any) -> Config:
     if not isinstance(data, Mapping):
         raise ConfigError([f"the config must be a YAML mapping of sections (model, task, data, ...); "
                            f"got {_given(data)}"])
+    nul = _nul_string(data)
+    if nul is not None:
+        raise ConfigError([f"`{_where(nul)}` holds a NUL character (\\x00): not a valid name or path" if nul else
+                           "a key of the config holds a NUL character (\\x00)"])
     return validate_section(Config, data)
+
+
+def _nul_string(data: Any) -> tuple[str | int, ...] | None:
+    """Where the first text holding a NUL character is (``()`` for a key), else ``None``; iterative, so
+    that deeply nested junk cannot exhaust the stack."""
+    todo: list[tuple[tuple[str | int, ...], Any]] = [((), data)]
+    while todo:
+        loc, value = todo.pop()
+        if isinstance(value, str) and "\x00" in value:
+            return loc
+        if isinstance(value, Mapping):
+            for k, v in value.items():
+                if isinstance(k, str) and "\x00" in k:
+                    return ()
+                todo.append(((*loc, str(k)), v))
+        elif isinstance(value, list | tuple):
+            todo.extend(((*loc, i), v) for i, v in enumerate(value))
+    return None
 

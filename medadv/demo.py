@@ -25,7 +25,7 @@ from .results import Results
 from .tasks import Segmentation
 from .threats import Linf
 
-__all__ = ["DemoConfig", "build_demo_model", "run_demo"]
+__all__ = ["DemoConfig", "build_demo_model", "run_demo", "write_demo_outputs"]
 
 T = TypeVar("T")
 
@@ -103,6 +103,26 @@ def run_demo(cfg: DemoConfig | None = None, *, cache: Path | None = None, retrai
     echo(format_dice_table(results))
     # the data, task and attacks come back too, so `medadv demo --output` can draw cases in report.html
     return {"results": results, "model": model, "task": task, "x": x, "y": y, "attacks": attacks}
+
+
+def write_demo_outputs(out: dict[str, Any], folder: str | Path, *, cases: int = 2) -> list[Path]:
+    """``medadv demo --output``: ``results.json``/``.csv``, ``report.md`` and ``report.html`` of a
+    :func:`run_demo` result in ``folder``; the HTML report draws the ``cases`` crops the strongest attack
+    damaged most (attacked again: the demo's attacks are seeded, so they are the crops the table measured).
+    Returns the paths written."""
+    from .report import worst_cases, write_html_report, write_report
+
+    res: Results = out["results"]
+    title = "medadv demo: MNI152 tissue segmentation"
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    res.to_json(folder / "results.json")
+    res.to_csv(folder / "results.csv")
+    md = write_report(res, folder, title=title)
+    drawn = worst_cases(out["model"], out["task"], (out["x"], out["y"]), out["attacks"], res, k=cases,
+                        strongest_only=True, class_names=TISSUE_CLASSES, axis_names=("sagittal", "coronal", "axial"))
+    html = write_html_report(res, folder, title=title, class_names=TISSUE_CLASSES, cases=drawn)
+    return [folder / "results.json", folder / "results.csv", Path(md), html]
 
 
 def format_dice_table(results: Results) -> str:

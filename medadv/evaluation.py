@@ -14,6 +14,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,8 @@ from . import distributed as dist
 from .attacks.base import Attack, AttackDetails, attack_mode, check_input, model_device
 from .params import object_settings, stable_hash
 from .results import DETAIL_PREFIX, METRIC_COLUMNS, Results
-from .runtime import forward_tensor
-from .tasks import MultiClass, MultiLabel, Segmentation, Task
+from .runtime import all_finite, forward_tensor
+from .tasks import MultiClass, MultiLabel, Outcome, Segmentation, Task
 
 __all__ = ["evaluate", "sample_rows", "detail_rows"]
 
@@ -54,21 +55,72 @@ def _named_attacks(attacks: Attack | Sequence[Attack] | Mapping[str, Attack]) ->
 
 
 def _sample_hashes(x: Tensor, y: Tensor, extras: Sequence[bytes] | None = None) -> list[str]:
-    """A short content hash per sample of ``(x, y)`` (dtype, shape and bytes), plus ``extras[i]`` (a dictionary
+    """A short content hash per sample of ``(x, y)`` (dtype, shape and content), plus ``extras[i]`` (a dictionary
     batch's case identifier and affine): a resumed run reuses a row only if its sample is the same data, not
-    merely the same position in the iteration order."""
-    xs, ys = x.detach().cpu().contiguous(), y.detach().cpu().contiguous()
+    merely the same position in the iteration order.
+
+    Host tensors (what a DataLoader yields) are hashed in place with SHA-256 (no copy). Tensors on an accelerator
+    are reduced on their device to a per-sample checksum (:func:`_device_checksum`) and only those few integers
+    are copied to the host: no copy of the voxels. The two schemes give different strings, so rows logged from
+    host data are recomputed, never wrongly reused, when the same data arrive on a GPU.
+    """
+    n = x.shape[0]
+    parts: list[list[bytes]] = [[] for _ in range(n)]
+    for t in (x, y):
+        t = t.detach()
+        head = f"{t.dtype}{tuple(t.shape[1:])}".encode()
+        if t.device.type == "cpu":
+            t = t.contiguous()
+            t = t.float() if t.dtype == torch.bfloat16 else t  # numpy has no bfloat16
+            arr = t.numpy()
+            for i in range(n):
+                parts[i] += [head, arr[i].tobytes()]
+        else:
+            sums = _device_checksum(t).cpu().numpy()
+            for i in range(n):
+                parts[i] += [b"device:" + head, sums[i].tobytes()]
     out = []
-    for i in range(xs.shape[0]):
+    for i in range(n):
         h = hashlib.sha256()
-        for t in (xs[i], ys[i]):
-            t = t.float() if t.dtype == torch.bfloat16 else t
-            h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-            h.update(t.numpy().tobytes())
+        for part in parts[i]:
+            h.update(part)
         if extras is not None:
             h.update(extras[i])
         out.append(h.hexdigest()[:16])
     return out
+
+
+#: two primes below 2**31: residues of a 32-bit word modulo both identify it (their product exceeds 2**32)
+_PRIMES = (2147483647, 2147483629)
+
+
+def _device_checksum(t: Tensor) -> Tensor:
+    """``(N, 2)`` int64: per sample, ``sum_i (w_i * v_i mod p)`` for two primes ``p``, over the sample's 32-bit
+    words ``v_i`` (its bytes, whatever the dtype) with pseudo-random position weights ``w_i``.
+
+    Exact integer arithmetic on the tensor's device (the same values on every device): a product stays below
+    2**63 and each sum of residues below 2**63, so nothing wraps. One changed word always changes both sums (a
+    word changes by less than the primes' product); a change of several words goes unnoticed with probability
+    about 2**-62, as the weights are independent of the data.
+    """
+    n = t.shape[0]
+    flat = t.detach().contiguous().reshape(n, -1)
+    size = flat.element_size()
+    if flat.dtype == torch.bool:
+        words = flat.to(torch.int64)
+    elif size == 8:
+        w64 = flat.view(torch.int64)
+        words = torch.stack((w64 & 0xFFFFFFFF, (w64 >> 32) & 0xFFFFFFFF), dim=2).reshape(n, -1)
+    else:
+        view = {4: torch.int32, 2: torch.int16, 1: torch.uint8}[size]
+        words = flat.view(view).to(torch.int64) & 0xFFFFFFFF
+    idx = torch.arange(1, words.shape[1] + 1, device=words.device, dtype=torch.int64)
+    sums = []
+    for k, p in enumerate(_PRIMES):
+        w = (idx * (48271 + 2 * k) + 12345) % p
+        w = (w * w) % p + 1  # non-linear in the position, never 0
+        sums.append(((words * w) % p).sum(dim=1))
+    return torch.stack(sums, dim=1)
 
 
 def _weights_hash(model: nn.Module) -> str:
@@ -268,7 +320,7 @@ class _Batch:
     case_ids: list[str] | None = None  # from the batch's "case_id"
     affine: Tensor | None = None  # (N, 4, 4) float64 on the CPU, from the image MetaTensor
     meta: Mapping[str, Any] | None = None  # the image's (collated) metadata
-    width_first: bool = False  # MONAI's array layout (a 2-D image read by LoadImage is (C, W, H))
+    width_first: bool = False  # MONAI's layout (C, W, H) of 2-D images read by LoadImage's defaults (sources.width_first)
 
     def spacing(self) -> list[list[float]] | None:
         """Per-case voxel spacing (mm per spatial axis): the column norms of each affine's spatial block."""
@@ -331,6 +383,8 @@ def _labels(task: Task, x: Tensor, y: Any) -> Any:
 
 
 def _parse(batch: Any, task: Task, image_key: str, label_key: str) -> _Batch:
+    from .data.sources import width_first
+
     if isinstance(batch, Mapping):
         _batch_size(batch, image_key, label_key)  # the input key exists
         if label_key not in batch:
@@ -341,7 +395,7 @@ def _parse(batch: Any, task: Task, image_key: str, label_key: str) -> _Batch:
         x = _plain_tensor(raw_x)
         ids = _case_ids(batch["case_id"], n) if batch.get("case_id") is not None else None
         meta = raw_x.meta if _is_meta_tensor(raw_x) else None
-        return _Batch(x, _labels(task, x, batch[label_key]), ids, _affines(raw_x, n), meta, meta is not None)
+        return _Batch(x, _labels(task, x, batch[label_key]), ids, _affines(raw_x, n), meta, width_first(meta))
     if not (isinstance(batch, tuple | list) and len(batch) >= 2):
         raise TypeError(_PAIR_ERROR.format(image=image_key, label=label_key))
     raw_x = batch[0]
@@ -349,7 +403,7 @@ def _parse(batch: Any, task: Task, image_key: str, label_key: str) -> _Batch:
     if not isinstance(x, Tensor):
         raise TypeError(_PAIR_ERROR.format(image=image_key, label=label_key))
     meta = raw_x.meta if _is_meta_tensor(raw_x) else None
-    return _Batch(x, _labels(task, x, batch[1]), None, _affines(raw_x, x.shape[0]), meta, meta is not None)
+    return _Batch(x, _labels(task, x, batch[1]), None, _affines(raw_x, x.shape[0]), meta, width_first(meta))
 
 
 # --- per-batch randomness -----------------------------------------------------------------------------------------
@@ -373,8 +427,67 @@ def _seeded(seed: int | None, key: str, device: torch.device) -> Iterator[None]:
 
 
 # --- per-sample metric columns --------------------------------------------------------------------------------------
-def _f(t: Tensor) -> list:
-    return [None if v != v else v for v in t.detach().double().cpu().tolist()]  # NaN -> None (JSON)
+def _to_host(tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Every tensor on the host with one wait: accelerator tensors are copied without blocking, then the device's
+    stream is synchronised once (not one synchronisation per tensor, sample or column)."""
+    cuda = [t.device for t in tensors.values() if t.device.type == "cuda"]
+    out = {k: t.detach().to("cpu", non_blocking=bool(cuda)) for k, t in tensors.items()}
+    for d in set(cuda):
+        torch.cuda.current_stream(d).synchronize()
+    return out
+
+
+def _plain_list(t: Tensor) -> list:
+    """A host tensor with leading dim N as N plain values: bools, ints, or floats with NaN as ``None`` (JSON)."""
+    n = t.shape[0]
+    if t.ndim > 2:
+        t = t.reshape(n, -1)
+    if t.dtype == torch.bool or not t.is_floating_point():
+        return t.tolist()
+    values = t.double().tolist()
+    if t.ndim == 1:
+        return [None if v != v else v for v in values]
+    return [[None if v != v else v for v in row] for row in values]
+
+
+def _rows_from_columns(columns: Mapping[str, Tensor], n: int) -> list[dict[str, Any]]:
+    """Result rows from per-sample column tensors (any device): one host copy for the whole batch."""
+    host = _to_host(columns)
+    values = {k: _plain_list(t.expand(n) if t.ndim == 0 else t) for k, t in host.items()}
+    return [{k: v[i] for k, v in values.items()} for i in range(n)]
+
+
+def _surface_columns(task: Task, y: Tensor, pred: Tensor, spacing: Any) -> Tensor:
+    """Per-class HD95 ``(N, C)`` of one prediction (segmentation): on the prediction's device, NaN where a class is
+    absent from the label or the prediction."""
+    from .metrics.segmentation import hd95_per_class
+
+    num_classes = getattr(task, "num_classes", None)
+    if num_classes is None:
+        raise ValueError(f"`hd95` needs a segmentation task (label maps and a number of classes), got {task!r}")
+    return hd95_per_class(pred, y, num_classes, spacing, mask=task.valid_mask(y))
+
+
+def _clean_outcome(model: nn.Module, task: Task, x: Tensor, y: Tensor, logits: Tensor | None, hd95: bool,
+                   spacing: Any) -> tuple[Tensor, Outcome, Tensor | None]:
+    """The clean output of a batch (``logits`` when an attack computed it already: the attack checked ``y``
+    against it; else one forward pass, checked against ``y`` here), its :class:`Outcome` and, with ``hd95``, its
+    per-class HD95."""
+    if logits is None:
+        with attack_mode(model), torch.no_grad():
+            logits = forward_tensor(model, x)  # clear errors: list outputs, no batch dim
+        task.validate(logits, y, "y")
+    clean = task.outcome(logits, y)
+    return logits, clean, (_surface_columns(task, y, clean.pred, spacing) if hd95 else None)
+
+
+def _batch_columns(task: Task, y: Tensor, clean: Outcome, adv: Outcome, *, hd95: bool, spacing: Any,
+                   clean_hd95: Tensor | None = None) -> dict[str, Tensor]:
+    cols = task.sample_columns(y, clean, adv)
+    if hd95:
+        cols["clean_hd95"] = clean_hd95 if clean_hd95 is not None else _surface_columns(task, y, clean.pred, spacing)
+        cols["adv_hd95"] = _surface_columns(task, y, adv.pred, spacing)
+    return cols
 
 
 def sample_rows(
@@ -390,59 +503,13 @@ def sample_rows(
 
     Every task gets ``changed`` (the adversarial prediction differs from the clean one) and ``flipped``
     (the task's untargeted "wrong" test against ``y`` is false on the clean output and true on the
-    adversarial one: right before the attack, wrong after), then its own ``clean_*``/``adv_*`` metrics.
+    adversarial one: right before the attack, wrong after), then its own ``clean_*``/``adv_*`` metrics
+    (:meth:`Task.outcome`, :meth:`Task.sample_columns`). Everything is computed for the whole batch on the
+    device of the logits, then copied to the host once.
     ``spacing``: one spacing for the batch, or one per sample (HD95 in the units of the spacing).
     """
-    # one device-to-host copy per tensor, then plain indexing (not one sync per sample and column)
-    y, clean_logits, adv_logits = y.detach().cpu(), clean_logits.detach().cpu(), adv_logits.detach().cpu()
-    n = y.shape[0]
-    cp, ap = task.predict(clean_logits), task.predict(adv_logits)
-    if isinstance(task, Segmentation):
-        changed_fraction = task.reduce((cp != ap).float(), y)
-        changed = (changed_fraction > 0).tolist()
-    else:
-        changed = (cp != ap).reshape(n, -1).any(dim=1).tolist()
-    flipped = ((~task.fooled(clean_logits, y)) & task.fooled(adv_logits, y)).tolist()
-    rows: list[dict[str, Any]] = [{"changed": bool(changed[i]), "flipped": bool(flipped[i])} for i in range(n)]
-    if isinstance(task, MultiClass):
-        for i in range(n):
-            rows[i].update(label=int(y[i]), clean_pred=int(cp[i]), adv_pred=int(ap[i]),
-                           clean_correct=bool(cp[i] == y[i]), adv_correct=bool(ap[i] == y[i]))
-    elif isinstance(task, MultiLabel):
-        cs, as_ = clean_logits.sigmoid(), adv_logits.sigmoid()
-        flips = (cp != ap).float().mean(dim=1)
-        yy = y.to(cp.dtype)
-        cacc = (cp == yy).float().mean(dim=1)
-        aacc = (ap == yy).float().mean(dim=1)
-        for i in range(n):
-            rows[i].update(label=_f(y[i]), clean_pred=_f(cp[i]), adv_pred=_f(ap[i]),
-                           clean_scores=_f(cs[i]), adv_scores=_f(as_[i]),
-                           clean_label_accuracy=float(cacc[i]), adv_label_accuracy=float(aacc[i]),
-                           clean_exact_match=bool(cacc[i] == 1), adv_exact_match=bool(aacc[i] == 1),
-                           flip_rate=float(flips[i]))
-    elif isinstance(task, Segmentation):
-        cm, am = task.metrics(clean_logits, y), task.metrics(adv_logits, y)
-        if hd95:
-            from .metrics.segmentation import hd95_per_class
-
-            mask = task.valid_mask(y)
-            chd = hd95_per_class(cp, y, task.num_classes, spacing, mask=mask)  # type: ignore[arg-type]
-            ahd = hd95_per_class(ap, y, task.num_classes, spacing, mask=mask)  # type: ignore[arg-type]
-        for i in range(n):
-            rows[i].update(clean_dice=_f(cm["dice"][i]), adv_dice=_f(am["dice"][i]),
-                           clean_mean_dice=float(cm["mean_dice"][i]), adv_mean_dice=float(am["mean_dice"][i]),
-                           clean_pixel_accuracy=float(cm["pixel_accuracy"][i]),
-                           adv_pixel_accuracy=float(am["pixel_accuracy"][i]),
-                           changed_fraction=float(changed_fraction[i]))
-            if hd95:
-                rows[i].update(clean_hd95=_f(chd[i]), adv_hd95=_f(ahd[i]))
-    else:  # a user-defined task: report its own metrics
-        cm, am = task.metrics(clean_logits, y), task.metrics(adv_logits, y)
-        for i in range(n):
-            for k in cm:
-                rows[i][f"clean_{k}"] = _f(cm[k][i].reshape(-1)) if cm[k][i].numel() > 1 else float(cm[k][i])
-                rows[i][f"adv_{k}"] = _f(am[k][i].reshape(-1)) if am[k][i].numel() > 1 else float(am[k][i])
-    return rows
+    clean, adv = task.outcome(clean_logits.detach(), y), task.outcome(adv_logits.detach(), y)
+    return _rows_from_columns(_batch_columns(task, y, clean, adv, hd95=hd95, spacing=spacing), y.shape[0])
 
 
 # --- saved adversarial examples ---------------------------------------------------------------------------------------
@@ -473,7 +540,7 @@ def _saved_columns(model: nn.Module, task: Task, atk: Attack, folder: Path, sub:
         aff = batch.affine[i] if batch.affine is not None else None
         path = save_example(x_adv[i], folder / sub / name, box=atk.box, affine=aff,
                             dtype=original_dtype(batch.meta, i), width_first=batch.width_first,
-                            source=dicom_source(batch.meta, i))
+                            source=dicom_source(batch.meta, i), root=folder)
         paths.append(path.relative_to(folder).as_posix())
         loaded.append(load_example(path, box=atk.box, like=x_adv[i], width_first=batch.width_first, affine=aff))
     x_q = torch.stack(loaded)
@@ -481,11 +548,7 @@ def _saved_columns(model: nn.Module, task: Task, atk: Attack, folder: Path, sub:
         logits_q = forward_tensor(model, x_q)
     fooled = atk.task.fooled(logits_q, res.y, atk.targeted)
     still = fooled & res.fooled.to(fooled.device)
-    cp, qp = task.predict(clean_logits), task.predict(logits_q)
-    if isinstance(task, Segmentation):
-        changed = task.reduce((cp != qp).float(), y_d) > 0
-    else:
-        changed = (cp != qp).reshape(n, -1).any(dim=1)
+    changed = task.changed(task.predict(clean_logits), task.predict(logits_q), y_d)
     linf = (x_q - x_d).reshape(n, -1).abs().amax(dim=1)
     metric_col, metric = None, None
     try:
@@ -504,6 +567,96 @@ def _saved_columns(model: nn.Module, task: Task, atk: Attack, folder: Path, sub:
             row[metric_col] = bool(m_[i] == 1) if as_bool else _plain(float(m_[i]))
         rows.append(row)
     return rows
+
+
+# --- host work beside the device work ---------------------------------------------------------------------------------
+class _Background:
+    """One worker thread for host-side work that the device need not wait for (hashing, appending to the log).
+
+    Jobs run in submission order, so log lines keep their order. Disabled (CPU models) every job runs at once in
+    the calling thread. A failed job raises where its result is read, at the latest in :meth:`drain`.
+    """
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._pool: Any = None
+        self._jobs: list[Future] = []
+        if enabled:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="medadv-evaluate")
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        if self._pool is None:
+            return self.done(fn(*args))
+        job = self._pool.submit(fn, *args)
+        self._jobs = [j for j in self._jobs if not j.done() or j.exception() is not None] + [job]
+        return job
+
+    @staticmethod
+    def done(value: Any) -> Future:
+        f: Future = Future()
+        f.set_result(value)
+        return f
+
+    def drain(self) -> None:
+        for job in self._jobs:
+            job.result()
+        self._jobs = []
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+
+def _prefetched(source: _Source, task: Task, image_key: str, label_key: str, device: torch.device,
+                enabled: bool) -> Iterator[tuple[int, int, _Batch]]:
+    """The parsed batches of ``source``; with ``enabled`` (an accelerator) the next batch is loaded, parsed and put
+    in pinned memory by a thread while the current one is attacked, so its copy to the device does not block."""
+    if not enabled:
+        for b, offset, raw in source:
+            yield b, offset, _parse(raw, task, image_key, label_key)
+        return
+    import queue
+    import threading
+
+    slots: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+    end = object()
+
+    def load() -> None:
+        try:
+            for b, offset, raw in source:
+                batch = _parse(raw, task, image_key, label_key)
+                if batch.x.device.type == "cpu":
+                    batch.x = batch.x.pin_memory()
+                if isinstance(batch.y, Tensor) and batch.y.device.type == "cpu":
+                    batch.y = batch.y.pin_memory()
+                while not stop.is_set():
+                    try:
+                        slots.put((b, offset, batch), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            slots.put(end)
+        except BaseException as err:  # raised again in the consuming thread
+            slots.put(err)
+
+    worker = threading.Thread(target=load, name="medadv-prefetch", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = slots.get()
+            if item is end:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        worker.join(timeout=5)
 
 
 def evaluate(
@@ -550,7 +703,9 @@ def evaluate(
             (``log.rank{r}.jsonl`` beside it) are read too, whatever the number of processes that wrote them.
         target_fn: for targeted attacks (``targeted=True`` or targeted by nature, like DAG),
             ``target_fn(x, y, clean_logits) -> target``; required when any attack is targeted.
-        hd95: also compute per-class HD95 for segmentation (slower, SciPy distance transforms).
+        hd95: also compute per-class HD95 for segmentation (MONAI's definition, batched on the model's device by
+            :func:`medadv.metrics.surface.surface_distance_per_class`; the clean HD95 once per batch). A task
+            without label maps and classes is refused before any work.
         spacing: voxel spacing for HD95 (mm), scalar or per axis. ``None``: each case's spacing from its
             image's affine (MONAI MetaTensor inputs; the column norms of its spatial block), else voxels.
         progress: show a progress bar (attack-batches, with a total and an ETA when ``len(data)`` is known;
@@ -597,6 +752,9 @@ def evaluate(
     if not isinstance(task, Task):
         raise TypeError(f"`task` must be a medadv Task, got {task!r}")
     named = _named_attacks(attacks)
+    if hd95 and not isinstance(getattr(task, "num_classes", None), int):
+        raise ValueError(f"`hd95=True` needs a segmentation task (label maps with `num_classes`), got {task!r}; "
+                         "HD95 is a distance between label maps and does not apply to classifiers")
     if target_fn is None and any(_targeted(a) for _, a in named):
         which = ", ".join(repr(n) for n, a in named if _targeted(a))
         raise ValueError(f"`target_fn` is required because attack(s) {which} are targeted: give "
@@ -634,63 +792,97 @@ def evaluate(
         where = f" (rank 0 of {shard.world_size})" if shard is not None else ""
         bar = tqdm(desc="evaluate" + where, total=total, unit="attack-batch")
     modes = [(m, m.training) for m in model.modules()]
+    # on an accelerator the host work (loading the next batch, hashing, writing the log) runs beside the device
+    # work; on the CPU it would only compete with the attack for the same cores
+    background = _Background(device.type == "cuda")
     try:
-        for b, offset, raw in source:
-            batch = _parse(raw, task, image_key, label_key)
+        for b, offset, batch in _prefetched(source, task, image_key, label_key, device, background.enabled):
             x, y = batch.x, batch.y
-            check_input(x)
             ids = list(range(offset, offset + x.shape[0]))
             if not isinstance(y, Tensor) or y.ndim == 0 or y.shape[0] != x.shape[0]:
                 raise ValueError(f"`y` of a batch must be a tensor with one label per sample ({x.shape[0]}), got "
                                  + (f"shape {tuple(y.shape)}" if isinstance(y, Tensor) else type(y).__name__))
             cases = batch.case_ids if batch.case_ids is not None else [str(i) for i in ids]
-            hashes = _sample_hashes(x, y, batch.extras())
-            for i, sid in enumerate(ids):  # logged rows of the same data count as done; others are redone
-                for r in logged.pop(sid, ()):
-                    key = (sid, r["attack"], r["budget"])
+            mine = [r for sid in ids for r in logged.pop(sid, ())]
+            if mine:  # logged rows of the same data count as done; others are redone
+                hashes = _sample_hashes(x, y, batch.extras())
+                for r in mine:
+                    i = r["sample"] - offset
+                    key = (r["sample"], r["attack"], r["budget"])
                     if r.get("data") == hashes[i] and key not in done_keys:
                         results.rows.append(r)
                         done_keys.add(key)
+                hashed = background.done(hashes)
+            else:  # needed only when the rows are written: computed beside the attack
+                hashed = background.submit(_sample_hashes, x, y, batch.extras())
             todo = [(n, a) for n, a in named if any((i, n, a.budget) not in done_keys for i in ids)]
             if bar is not None and bar.total is not None and len(todo) < len(named):
                 bar.total -= len(named) - len(todo)  # resumed work: the ETA counts only what is left
                 bar.refresh()
             if not todo:
                 continue
-            x_d, y_d = x.to(device), y.to(device)
-            with attack_mode(model), torch.no_grad():
-                clean_logits = forward_tensor(model, x_d)  # clear errors: list outputs, no batch dim
-            task.validate(clean_logits, y_d, "y")
+            try:
+                check_input(x)
+            except ValueError:
+                if isinstance(x, Tensor) and x.ndim >= 1 and x.is_floating_point() and not all_finite(x):
+                    bad = [cases[i] if batch.case_ids is not None else f"sample {ids[i]}"
+                           for i in range(x.shape[0]) if not all_finite(x[i])]
+                    raise ValueError(f"`x` contains NaN or Inf values in case {', '.join(bad[:5])}"
+                                     + (f" (+{len(bad) - 5} more)" if len(bad) > 5 else "")
+                                     + " (check the file and the `transforms`)") from None
+                raise
+            x_d = x.to(device, non_blocking=True)
+            y_d = y.to(device, non_blocking=True)
             batch_spacing = spacing if spacing is not None or not hd95 else batch.spacing()
+            # The clean output is computed once per batch and shared by every attack. Untargeted, the first
+            # attack may compute it on its way (its first step at x) and hand it back: no separate forward pass,
+            # and y is checked against it by the attack before any step. Targets need it before the attack.
+            clean_logits: Tensor | None = None
+            clean: Outcome | None = None
+            if any(_targeted(a) for _, a in todo):
+                clean_logits, clean, clean_hd95 = _clean_outcome(model, task, x_d, y_d, None, hd95, batch_spacing)
             for name, atk in todo:
                 with _seeded(seed, f"{b}:{name}:{atk.budget}", device):
-                    target = target_fn(x_d, y_d, clean_logits) if target_fn is not None and _targeted(atk) else y_d
-                    res = atk(model, x_d, target)
-                rows = sample_rows(task, y_d, clean_logits, res.logits, spacing=batch_spacing, hd95=hd95)
+                    target = y_d
+                    if target_fn is not None and _targeted(atk):
+                        assert clean_logits is not None
+                        target = target_fn(x_d, y_d, clean_logits)
+                    res = atk(model, x_d, target, clean_logits=clean_logits)
+                if clean is None:
+                    clean_logits, clean, clean_hd95 = _clean_outcome(model, task, x_d, y_d, res.clean_logits, hd95,
+                                                                     batch_spacing)
+                assert clean_logits is not None
+                adv = task.outcome(res.logits, y_d, pred=res.pred)
+                columns = {"fooled": res.fooled, "linf": res.linf, "l2": res.l2,
+                           **_batch_columns(task, y_d, clean, adv, hd95=hd95, spacing=batch_spacing,
+                                            clean_hd95=clean_hd95)}
+                rows = _rows_from_columns(columns, len(ids))
                 extra = detail_rows(res.details, len(rows))
                 saved = (_saved_columns(model, task, atk, save_dir, folders[(name, atk.budget)], ids, batch, x_d,
                                         clean_logits, y_d, res)
                          if save_dir is not None else [{} for _ in rows])
-                fooled, linf, l2 = res.fooled.cpu().tolist(), res.linf.cpu().tolist(), res.l2.cpu().tolist()
+                hashes = hashed.result()
                 new = []
                 for i, row in enumerate(rows):
                     key = (ids[i], name, atk.budget)
                     if key in done_keys:
                         continue
                     new.append({"sample": ids[i], "case_id": cases[i], "attack": name, "budget": atk.budget,
-                                "config": configs[name], "data": hashes[i],
-                                "fooled": bool(fooled[i]), "changed": row.pop("changed"),
-                                "flipped": row.pop("flipped"), "linf": float(linf[i]), "l2": float(l2[i]),
-                                **row, **saved[i], **extra[i]})
+                                "config": configs[name], "data": hashes[i], "fooled": row.pop("fooled"),
+                                "changed": row.pop("changed"), "flipped": row.pop("flipped"),
+                                "linf": row.pop("linf"), "l2": row.pop("l2"), **row, **saved[i], **extra[i]})
                     done_keys.add(key)
                 results.extend(new)
                 if own_log is not None:
-                    Results.append_log(own_log, new)
+                    background.submit(Results.append_log, own_log, new)
                 if bar is not None:
                     bar.update(1)
-                    bar.set_postfix(attack=name, fooled=f"{res.fooling_rate:.2f}",
-                                    changed=f"{sum(r['changed'] for r in new) / max(len(new), 1):.2f}")
+                    changed = sum(r["changed"] for r in new) / max(len(new), 1)
+                    bar.set_postfix(attack=name, fooled=f"{sum(r['fooled'] for r in new) / max(len(new), 1):.2f}",
+                                    changed=f"{changed:.2f}")
+        background.drain()  # every row is in the log before the results are returned
     finally:
+        background.close()
         for m, training in modes:
             m.training = training
         if bar is not None:

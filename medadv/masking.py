@@ -38,6 +38,7 @@ Thresholds (defaults, all documented at each function):
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -49,7 +50,7 @@ from .params import Int, Optional, Real
 from .results import METRIC_COLUMNS
 from .runtime import attack_mode, check_input, check_model, forward_tensor, model_device
 from .tasks import MultiLabel, Segmentation, Task
-from .threats import Bounds, Box
+from .threats import Bounds, Box, LargeBudgetWarning
 
 __all__ = [
     "CHECKS",
@@ -541,7 +542,10 @@ def check_unbounded(model: nn.Module, task: Task, x: Tensor, y: Tensor | None, b
         metric = float(task.robust_metric(logits.detach(), y0).double().mean())
         how = "could not take a step (the output has no gradient path to the input)"
     else:
-        attack = APGD(task, Linf(radius, bounds=box), steps=steps, seed=seed, random_start=False,
+        with warnings.catch_warnings():  # a ball as wide as the data range is the point of this check
+            warnings.simplefilter("ignore", LargeBudgetWarning)
+            ball = Linf(radius, bounds=box)
+        attack = APGD(task, ball, steps=steps, seed=seed, random_start=False,
                       loss="margin" if _has(task, "element_margin") else "ce")
         result = attack(model, x0, y0)
         metric = float(task.robust_metric(result.logits, result.y).double().mean())

@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["Results", "DETAIL_PREFIX", "ENSEMBLE_COLUMN", "SAVED_PREFIX", "COLUMN_LEGEND", "summary_columns"]
+__all__ = ["Results", "DETAIL_PREFIX", "ENSEMBLE_COLUMN", "SAVED_PREFIX", "COLUMN_LEGEND", "summary_columns",
+           "json_safe"]
 
 KEY = ("sample", "attack", "budget")
 #: per-sample columns that are identifiers, not quantities: never averaged
@@ -26,8 +27,11 @@ SAVED_PREFIX = "saved_"
 #: what the outcome columns mean (printed under the summary; in a summary each is the fraction of samples)
 COLUMN_LEGEND = {
     "fooled": "the attack's own success test on its output (untargeted: wrong against the label, so samples "
-              "already wrong before the attack count; targeted: target reached)",
-    "changed": "the prediction differs from the clean prediction",
+              "already wrong before the attack count; segmentation: mean Dice below the task's dice_threshold, "
+              "0.5 by default; targeted: target reached)",
+    "changed": "the prediction differs from the clean prediction (segmentation: its mean Dice against the clean "
+               "prediction is below the task's dice_threshold, not a single voxel)",
+    "dice_to_clean": "mean Dice of the adversarial segmentation against the clean one (1: unchanged)",
     "flipped": "right before the attack and wrong after: the errors the attack caused",
     "flip_rate": "fraction of the labels whose prediction changed",
     "changed_fraction": "fraction of the voxels whose prediction changed",
@@ -49,6 +53,30 @@ ENSEMBLE_DETAILS = ("attack_metric_after", "attack_attacked", "attack_seconds", 
 METRIC_COLUMNS = {"accuracy": "correct", "exact_match": "exact_match", "mean_dice": "mean_dice"}
 #: prefix of the columns that hold an attack's declared per-sample outputs (``AttackDetails.columns``)
 DETAIL_PREFIX = "attack_"
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN / ±Inf float (nested in dicts, lists and tuples) replaced by ``None``.
+
+    JSON has no NaN or Infinity: Python's ``json`` writes the bare tokens ``NaN`` / ``Infinity``, which strict
+    parsers (JavaScript's ``JSON.parse``, ``jq``, Go, Rust's serde, pandas' ``engine="pyarrow"``) reject, so one
+    undefined metric (HD95 of an absent class, an AUC of a constant label) would make the whole file
+    unreadable to them. Written as ``null``, it reads back as ``None``, which every summary skips as it skips
+    NaN. Tuples become lists (as ``json`` writes them anyway).
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def _dumps(value: Any, **kwargs: Any) -> str:
+    """``json.dumps`` of :func:`json_safe` ``(value)``; ``allow_nan=False`` makes a missed non-finite value an
+    error here rather than invalid JSON in a file."""
+    return json.dumps(json_safe(value), allow_nan=False, **kwargs)
 
 
 def _mean(values: Iterable[float | None]) -> float:
@@ -90,8 +118,9 @@ class Results:
       test against the label (multi-class: arg-max not the label; multi-label: some label wrong;
       segmentation: mean Dice below the task's threshold), so a sample the model already got wrong
       counts as fooled even if the attack changed nothing; targeted: the target was reached.
-    * ``changed``: the adversarial prediction differs from the clean prediction (any class, label or
-      voxel) — the attack moved the output.
+    * ``changed``: the adversarial prediction differs from the clean prediction (any class or label;
+      segmentation: mean Dice against the clean prediction below the task's ``dice_threshold``, with
+      ``changed_fraction`` and ``dice_to_clean`` for the size of the change) — the attack moved the output.
     * ``flipped``: right before the attack and wrong after (the untargeted test against the true label) —
       the errors the attack caused. Untargeted, ``fooled`` minus ``flipped`` are the samples wrong both
       before and after the attack.
@@ -282,10 +311,14 @@ class Results:
 
     # --- export ----------------------------------------------------------------------------------------------
     def to_json(self, path: str | os.PathLike) -> None:
-        """Write the table atomically: a crash mid-write leaves the previous file, never a truncated one."""
+        """Write the table atomically: a crash mid-write leaves the previous file, never a truncated one.
+
+        NaN / ±Inf values are written as ``null`` (:func:`json_safe`: the file stays valid, strict JSON) and
+        read back by :meth:`from_json` as ``None``, which the summaries treat as NaN (left out of means).
+        """
         p = Path(path)
         tmp = p.with_name(f".{p.name}.tmp")
-        tmp.write_text(json.dumps({"meta": self.meta, "rows": self.rows}, indent=1))
+        tmp.write_text(_dumps({"meta": self.meta, "rows": self.rows}, indent=1))
         os.replace(tmp, p)
 
     @classmethod
@@ -299,7 +332,8 @@ class Results:
             w = csv.DictWriter(fh, fieldnames=cols)
             w.writeheader()
             for r in self.rows:
-                w.writerow({k: json.dumps(v) if isinstance(v, list | dict) else v for k, v in r.items()})
+                # list cells as JSON (NaN as null, as in results.json); scalar NaN stays csv's "nan"
+                w.writerow({k: _dumps(v) if isinstance(v, list | dict) else v for k, v in r.items()})
 
     def to_pandas(self):
         import pandas as pd
@@ -331,6 +365,8 @@ class Results:
 
     @staticmethod
     def append_log(path: str | os.PathLike, rows: Iterable[dict[str, Any]]) -> None:
+        """Append ``rows`` to a JSON Lines log, one strict-JSON object per line (NaN / ±Inf as ``null``, as in
+        :meth:`to_json`), flushed to disk."""
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         # a crash mid-write can leave a partial line: start a fresh line if needed
@@ -343,6 +379,6 @@ class Results:
             if needs_newline:
                 fh.write("\n")
             for r in rows:
-                fh.write(json.dumps(r) + "\n")
+                fh.write(_dumps(r) + "\n")
             fh.flush()
             os.fsync(fh.fileno())

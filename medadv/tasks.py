@@ -21,17 +21,37 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["Task", "MultiClass", "MultiLabel", "Segmentation", "task_family"]
+from .runtime import all_finite
+
+__all__ = ["Task", "Outcome", "MultiClass", "MultiLabel", "Segmentation", "task_family"]
 
 
 def _check_finite(name: str, t: Tensor) -> None:
-    if t.is_floating_point() and not torch.isfinite(t).all():
+    if not all_finite(t):
         raise ValueError(f"`{name}` contains NaN or Inf values")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an evaluation reads from one model output, computed once, batched, on the output's device.
+
+    Attributes:
+        pred: the hard prediction (:meth:`Task.predict`), shaped like ``y``.
+        wrong: ``(N,)`` bool, the task's untargeted "fooled" test against ``y`` (the prediction is wrong).
+        columns: per-sample metric tensors with leading dim N (``(N,)`` or ``(N, K)``); result rows store them
+            as ``clean_<key>`` / ``adv_<key>``. Bool tensors become ``True``/``False``, integer tensors ints,
+            floating tensors floats (NaN as ``None``).
+    """
+
+    pred: Tensor
+    wrong: Tensor
+    columns: dict[str, Tensor] = field(default_factory=dict)
 
 
 def _argmax1(logits: Tensor) -> Tensor:
@@ -137,6 +157,45 @@ class Task(ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} defines no robust metric (implement `robust_metric`)")
 
+    # --- evaluation columns: batched on the device, one host copy per batch (medadv.evaluation) ----------------------
+    def decide(self, logits: Tensor, y: Tensor, targeted: bool = False) -> tuple[Tensor, Tensor]:
+        """``(prediction, fooled)`` of one output: :meth:`predict` and :meth:`fooled` (the built-in tasks derive the
+        test from the one prediction; attacks return both, so an evaluation does not predict again)."""
+        return self.predict(logits), self.fooled(logits, y, targeted)
+
+    def outcome(self, logits: Tensor, y: Tensor, pred: Tensor | None = None) -> Outcome:
+        """The prediction, the "wrong" test and the per-sample metric columns of one output (:class:`Outcome`).
+
+        ``pred``: :meth:`predict` of ``logits`` when the caller has it already (an attack's result carries it).
+        The default reads :meth:`predict`, :meth:`fooled` and :meth:`metrics`; the built-in tasks compute all three
+        from one prediction. Everything stays on the device of ``logits``.
+        """
+        pred = self.predict(logits) if pred is None else pred
+        return Outcome(pred, self.fooled(logits, y), dict(self.metrics(logits, y)))
+
+    def sample_columns(self, y: Tensor, clean: Outcome, adv: Outcome) -> dict[str, Tensor]:
+        """The per-sample columns of result rows for one attacked batch, in row order, as device tensors.
+
+        ``changed``: the adversarial prediction differs from the clean one; ``flipped``: right before the attack and
+        wrong after (untargeted test against ``y``); then ``clean_<k>``/``adv_<k>`` for every metric column ``k``.
+        Tasks add their own columns (the label, the share of labels or voxels that changed) by overriding this.
+        """
+        return {"changed": self.changed(clean.pred, adv.pred, y), **self._paired_columns(clean, adv)}
+
+    def changed(self, clean_pred: Tensor, adv_pred: Tensor, y: Tensor) -> Tensor:
+        """``(N,)`` bool: the adversarial prediction differs from the clean one (default: in any element)."""
+        n = clean_pred.shape[0]
+        return (clean_pred != adv_pred).reshape(n, -1).any(dim=1)
+
+    @staticmethod
+    def _paired_columns(clean: Outcome, adv: Outcome) -> dict[str, Tensor]:
+        """``flipped`` and the ``clean_<k>``/``adv_<k>`` pairs of every metric column."""
+        cols = {"flipped": ~clean.wrong & adv.wrong}
+        for k, v in clean.columns.items():
+            cols[f"clean_{k}"] = v
+            cols[f"adv_{k}"] = adv.columns[k]
+        return cols
+
     def loss(self, logits: Tensor, y: Tensor, weight: Tensor | None = None) -> Tensor:
         """Per-sample loss ``(N,)``: element loss, optionally weighted, averaged over valid elements."""
         return self.reduce(self.element_loss(logits, y), y, weight)
@@ -238,11 +297,23 @@ class MultiClass(Task):
         return self.predict(logits) == y
 
     def fooled(self, logits: Tensor, y: Tensor, targeted: bool = False) -> Tensor:
-        hit = self.predict(logits) == y
-        return hit if targeted else ~hit
+        return self.decide(logits, y, targeted)[1]
+
+    def decide(self, logits: Tensor, y: Tensor, targeted: bool = False) -> tuple[Tensor, Tensor]:
+        pred = self.predict(logits)
+        hit = pred == y
+        return pred, (hit if targeted else ~hit)
 
     def metrics(self, logits: Tensor, y: Tensor) -> dict[str, Tensor]:
         return {"correct": (self.predict(logits) == y).float()}
+
+    def outcome(self, logits: Tensor, y: Tensor, pred: Tensor | None = None) -> Outcome:
+        pred = self.predict(logits) if pred is None else pred
+        correct = pred == y
+        return Outcome(pred, ~correct, {"pred": pred, "correct": correct})
+
+    def sample_columns(self, y: Tensor, clean: Outcome, adv: Outcome) -> dict[str, Tensor]:
+        return {"label": y, **super().sample_columns(y, clean, adv)}
 
     robust_metric_name = "accuracy"
 
@@ -323,12 +394,27 @@ class MultiLabel(Task):
         return self.predict(logits) == y.to(logits.dtype)
 
     def fooled(self, logits: Tensor, y: Tensor, targeted: bool = False) -> Tensor:
-        same = self.element_correct(logits, y)
-        return same.all(dim=1) if targeted else ~same.all(dim=1)
+        return self.decide(logits, y, targeted)[1]
+
+    def decide(self, logits: Tensor, y: Tensor, targeted: bool = False) -> tuple[Tensor, Tensor]:
+        pred = self.predict(logits)
+        same = (pred == y.to(pred.dtype)).all(dim=1)
+        return pred, (same if targeted else ~same)
 
     def metrics(self, logits: Tensor, y: Tensor) -> dict[str, Tensor]:
         correct = self.element_correct(logits, y).float()
         return {"label_accuracy": correct.mean(dim=1), "exact_match": correct.min(dim=1).values}
+
+    def outcome(self, logits: Tensor, y: Tensor, pred: Tensor | None = None) -> Outcome:
+        pred = self.predict(logits) if pred is None else pred
+        correct = pred == y.to(pred.dtype)
+        exact = correct.all(dim=1)
+        return Outcome(pred, ~exact, {"pred": pred, "scores": logits.sigmoid(),
+                                      "label_accuracy": correct.float().mean(dim=1), "exact_match": exact})
+
+    def sample_columns(self, y: Tensor, clean: Outcome, adv: Outcome) -> dict[str, Tensor]:
+        flip_rate = (clean.pred != adv.pred).float().mean(dim=1)
+        return {"label": y, **super().sample_columns(y, clean, adv), "flip_rate": flip_rate}
 
     robust_metric_name = "exact_match"
 
@@ -566,14 +652,7 @@ class Segmentation(Task):
         A sample where no counted class is present in either map (a background-only patch predicted as
         background) scores 1: the prediction is perfect.
         """
-        conf = self.confusion(pred, y)
-        d = self._dice_from_confusion(conf)
-        present = (conf.sum(dim=2) > 0) | (conf.sum(dim=1) > 0)
-        if not self.include_background:
-            d, present = d[:, 1:], present[:, 1:]
-        d = torch.where(present, d, torch.zeros_like(d))
-        n = present.sum(dim=1)
-        return torch.where(n > 0, d.sum(dim=1) / n.clamp_min(1), torch.ones_like(d[:, 0]))
+        return self._mean_dice_from_confusion(self.confusion(pred, y))
 
     def make_target(self, reference: Tensor, replace: Mapping[int, int] | None = None,
                     mask: Tensor | None = None, fill: int | None = None) -> Tensor:
@@ -618,19 +697,56 @@ class Segmentation(Task):
         return target
 
     def fooled(self, logits: Tensor, y: Tensor, targeted: bool = False) -> Tensor:
+        return self.decide(logits, y, targeted)[1]
+
+    def decide(self, logits: Tensor, y: Tensor, targeted: bool = False) -> tuple[Tensor, Tensor]:
         pred = self.predict(logits)
         if targeted:
-            hit = (pred == y).float()
-            return self.reduce(hit, y) >= self.target_fraction
-        return self.mean_dice(pred, y) < self.dice_threshold
+            return pred, self.reduce((pred == y).float(), y) >= self.target_fraction
+        return pred, self.mean_dice(pred, y) < self.dice_threshold
 
     def metrics(self, logits: Tensor, y: Tensor) -> dict[str, Tensor]:
-        pred = self.predict(logits)
-        return {
-            "dice": self.dice(pred, y),
-            "mean_dice": self.mean_dice(pred, y),
-            "pixel_accuracy": self.reduce((pred == y).float(), y),
-        }
+        return dict(self.outcome(logits, y).columns)
+
+    def _mean_dice_from_confusion(self, conf: Tensor) -> Tensor:
+        d = self._dice_from_confusion(conf)
+        present = (conf.sum(dim=2) > 0) | (conf.sum(dim=1) > 0)
+        if not self.include_background:
+            d, present = d[:, 1:], present[:, 1:]
+        d = torch.where(present, d, torch.zeros_like(d))
+        n = present.sum(dim=1)
+        return torch.where(n > 0, d.sum(dim=1) / n.clamp_min(1), torch.ones_like(d[:, 0]))
+
+    def outcome(self, logits: Tensor, y: Tensor, pred: Tensor | None = None) -> Outcome:
+        # one arg-max and one confusion count give Dice, mean Dice, pixel accuracy and the fooled test
+        pred = self.predict(logits) if pred is None else pred
+        conf = self.confusion(pred, y)
+        mean_dice = self._mean_dice_from_confusion(conf)
+        correct = conf.diagonal(dim1=1, dim2=2).sum(dim=1)
+        accuracy = correct.double() / conf.sum(dim=(1, 2)).clamp_min(1).double()
+        return Outcome(pred, mean_dice < self.dice_threshold,
+                       {"dice": self._dice_from_confusion(conf), "mean_dice": mean_dice,
+                        "pixel_accuracy": accuracy.to(torch.float32)})
+
+    def sample_columns(self, y: Tensor, clean: Outcome, adv: Outcome) -> dict[str, Tensor]:
+        # among valid voxels (ignore_index voxels do not count)
+        changed_fraction = self.reduce((clean.pred != adv.pred).float(), y)
+        dice_to_clean = self.dice_to_clean(clean.pred, adv.pred, y)
+        return {"changed": dice_to_clean < self.dice_threshold, **self._paired_columns(clean, adv),
+                "changed_fraction": changed_fraction, "dice_to_clean": dice_to_clean}
+
+    def dice_to_clean(self, clean_pred: Tensor, adv_pred: Tensor, y: Tensor) -> Tensor:
+        """``(N,)`` mean Dice of the adversarial prediction against the clean prediction (1: unchanged), over the
+        voxels that are valid in ``y``, with the classes counted as in :meth:`mean_dice`."""
+        mask = self.valid_mask(y)
+        ref = clean_pred if mask is None else torch.where(mask, clean_pred, torch.as_tensor(self.ignore_index))
+        return self.mean_dice(adv_pred, ref)
+
+    def changed(self, clean_pred: Tensor, adv_pred: Tensor, y: Tensor) -> Tensor:
+        """``(N,)`` bool: the segmentation changed in substance — the mean Dice between the clean and the adversarial
+        prediction is below ``dice_threshold`` (the threshold of ``fooled``). A single flipped voxel does not count:
+        ``changed_fraction`` and ``dice_to_clean`` measure the size of the change."""
+        return self.dice_to_clean(clean_pred, adv_pred, y) < self.dice_threshold
 
     robust_metric_name = "mean_dice"
 

@@ -16,10 +16,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["Box", "Threat", "Linf", "L2", "Bounds", "per_sample_norm"]
+__all__ = ["Box", "Threat", "Linf", "L2", "Bounds", "per_sample_norm", "LargeBudgetWarning"]
 
 BoundValue = float | Tensor
 Bounds = tuple[BoundValue, BoundValue]
+
+
+class LargeBudgetWarning(UserWarning):
+    """An L∞ budget above half the data range: almost always a budget in the wrong units (``8`` for 8/255)."""
 
 
 def per_sample_norm(t: Tensor, p: float) -> Tensor:
@@ -63,8 +67,10 @@ class Box:
     """
 
     def __init__(self, lo: BoundValue | Bounds | Box | None, hi: BoundValue | None = None) -> None:
+        self._width: float | str | None = None  # hi - lo as one number, or why there is none (bounded boxes)
         if isinstance(lo, Box) and hi is None:
             self.bounds: Bounds | None = lo.bounds
+            self._width = lo.__dict__.get("_width")
             return
         if hi is None and isinstance(lo, Sequence) and not isinstance(lo, str | Tensor):
             pair: Sequence[Any] = lo
@@ -80,6 +86,20 @@ class Box:
         if not bool(torch.all(torch.as_tensor(lo_) < torch.as_tensor(hi_))):
             raise ValueError(f"`bounds` must satisfy lo < hi, got ({lo!r}, {hi!r})")
         self.bounds = (lo_, hi_)
+        # read once here, not in an attack's setup: on a GPU each read of tensor bounds is a synchronisation
+        self._width = self._single_width()
+
+    def _single_width(self) -> float | str:
+        """``hi − lo`` as one number, or the reason there is none (per-channel ranges of different widths)."""
+        assert self.bounds is not None
+        width = torch.as_tensor(self.bounds[1]) - torch.as_tensor(self.bounds[0])
+        if width.numel() > 1 and not bool((width == width.flatten()[0]).all()):
+            # e.g. one channel in [0, 1] and one in HU: a default "fraction of the data range" would move
+            # the narrow channel by its whole range; the caller must give the value in data units
+            return (f"the box {self.describe()} has per-channel ranges of different widths "
+                    f"({', '.join(f'{w:.6g}' for w in width.flatten().tolist())}): there is no single data "
+                    "range; give the step/size explicitly in data units")
+        return float(width.flatten()[0])
 
     @classmethod
     def unbounded(cls) -> Box:
@@ -163,14 +183,12 @@ class Box:
             if x is None:
                 raise ValueError("an unbounded Box has no data range; pass the data")
             return float(x.max() - x.min()) or 1.0
-        width = torch.as_tensor(self.bounds[1]) - torch.as_tensor(self.bounds[0])
-        if width.numel() > 1 and not bool((width == width.flatten()[0]).all()):
-            # e.g. one channel in [0, 1] and one in HU: a default "fraction of the data range" would move
-            # the narrow channel by its whole range; the caller must give the value in data units
-            raise ValueError(f"the box {self.describe()} has per-channel ranges of different widths "
-                             f"({', '.join(f'{w:.6g}' for w in width.flatten().tolist())}): there is no single data "
-                             "range; give the step/size explicitly in data units")
-        return float(width.flatten()[0])
+        width = self.__dict__.get("_width")
+        if width is None:  # a Box copied from another Box, or unpickled from an older release
+            width = self._width = self._single_width()
+        if isinstance(width, str):
+            raise ValueError(width)
+        return width
 
     def describe(self) -> str:
         if self.bounds is None:
@@ -215,6 +233,26 @@ class Threat(ABC):
             raise ValueError(f"`eps` must be a finite number >= 0, got {eps}")
         self.eps = eps
         self.box = Box.coerce(bounds)
+        if self.p == math.inf:
+            self._warn_if_large()
+
+    def _warn_if_large(self) -> None:
+        """Warn when ε exceeds half the data range (the widest channel's): the ball then reaches any point of
+        the box from its middle, so the "robust" numbers measure nothing. Configs refuse it outright
+        (``allow_large_budgets`` lets it through); from Python this is a warning."""
+        if self.box.bounds is None:
+            return
+        lo, hi = self.box.bounds
+        if any(isinstance(v, Tensor) and v.device.type != "cpu" for v in (lo, hi)):
+            return  # reading device bounds would synchronise with the GPU at every construction
+        width = float((torch.as_tensor(hi) - torch.as_tensor(lo)).max())
+        if self.eps > 0.5 * width:
+            import warnings
+
+            lo_, hi_ = float(torch.as_tensor(lo).min()), float(torch.as_tensor(hi).max())
+            warnings.warn(f"{type(self).__name__} eps={self.eps:g} is more than half the data range "
+                          f"[{lo_:g}, {hi_:g}]: budgets are in data units, e.g. 8/255 for 8 on a 0-255 scale",
+                          LargeBudgetWarning, stacklevel=3)
 
     @property
     def bounds(self) -> Bounds | None:
@@ -222,8 +260,15 @@ class Threat(ABC):
         return self.box.bounds
 
     def with_eps(self, eps: float) -> Threat:
-        """The same geometry and box with another radius."""
-        return type(self)(eps, bounds=self.box)
+        """The same geometry and box with another radius.
+
+        No :class:`LargeBudgetWarning`: attacks derive radii from the one the caller chose (AutoAttack's
+        progressive 2ε phase, a budget shared over sliding windows), which was checked when it was made."""
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", LargeBudgetWarning)
+            return type(self)(eps, bounds=self.box)
 
     # --- bounds ------------------------------------------------------------------------------------------
     def clip(self, x: Tensor) -> Tensor:

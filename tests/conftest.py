@@ -70,3 +70,80 @@ def forbid_host_sync(monkeypatch):
         return monkeypatch
 
     return install
+
+
+# --- no network in the test suite ---------------------------------------------------------------------------------
+# medadv downloads nothing, and the tests prove it: any connection to, or name lookup of, a host other than this
+# machine raises. Loopback and UNIX sockets stay open (gloo rendezvous on localhost in the distributed tests, the
+# browser test's headless Chromium). Self-contained on purpose (it does not use medadv.offline, which it checks).
+def _suite_is_local(host) -> bool:
+    import ipaddress
+
+    if host in (None, "", "localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(str(host).split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_network():
+    import socket
+
+    real_connect, real_connect_ex, real_getaddrinfo = socket.socket.connect, socket.socket.connect_ex, socket.getaddrinfo
+
+    def refuse(what):
+        raise RuntimeError(f"the test suite has no network: {what} refused (medadv must not download)")
+
+    def allowed(sock, address) -> bool:
+        if sock.family == getattr(socket, "AF_UNIX", None):
+            return True
+        return isinstance(address, tuple) and _suite_is_local(address[0])
+
+    def connect(self, address):
+        if not allowed(self, address):
+            refuse(f"connect to {address!r}")
+        return real_connect(self, address)
+
+    def connect_ex(self, address):
+        if not allowed(self, address):
+            refuse(f"connect to {address!r}")
+        return real_connect_ex(self, address)
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if not _suite_is_local(host):
+            refuse(f"name lookup of {host!r}")
+        return real_getaddrinfo(host, port, *args, **kwargs)
+
+    socket.socket.connect, socket.socket.connect_ex, socket.getaddrinfo = connect, connect_ex, getaddrinfo
+    try:
+        yield
+    finally:
+        socket.socket.connect, socket.socket.connect_ex, socket.getaddrinfo = real_connect, real_connect_ex, real_getaddrinfo
+
+
+# --- the device the suite runs on: `pytest --device cuda` on a machine with a GPU ---------------------------------
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--device", default="cpu", choices=("cpu", "cuda"),
+                     help="device for the device-aware tests (conformance suite, evaluate/config, benchmark "
+                          "smoke): cpu (default) or cuda")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--device") == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False)")
+
+
+@pytest.fixture(scope="session")
+def device(request: pytest.FixtureRequest) -> torch.device:
+    """The device of ``--device`` (default CPU): device-aware tests put their models and data there."""
+    return torch.device(request.config.getoption("--device"))
+
+
+@pytest.fixture
+def cuda_device(device: torch.device) -> torch.device:
+    """The CUDA device of ``pytest --device cuda``; tests that only mean something on a GPU skip without it."""
+    if device.type != "cuda":
+        pytest.skip("CUDA-only check: run `pytest --device cuda` on a machine with a GPU (CI has none)")
+    return device

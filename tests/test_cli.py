@@ -186,7 +186,7 @@ def _check_evaluate_fails(tmp_path, capsys, message, **over):
 
 
 TOP_KEYS = ("model, task, data, threat, budgets, attacks, target, batch_size, output, seed, hd95, spacing, inference, "
-            "save_adversarial, allow_code, studies")
+            "save_adversarial, cases, allow_code, allow_large_budgets, studies")
 
 
 def test_misspelt_top_level_key_is_an_error_with_the_closest_key(tmp_path, capsys):
@@ -257,8 +257,8 @@ def test_fraction_budgets_run_and_equal_the_fraction(tmp_path, capsys):
     assert "- 8/255" in text  # written unquoted: YAML reads it as the text '8/255'
     path.write_text(text + "\n")
     assert load_config(path)["budgets"] == [8 / 255]
-    path.write_text(text.replace("- 8/255", "- '4/255'\n- 0.05\n- 1"))
-    assert load_config(path)["budgets"] == [4 / 255, 0.05, 1.0]
+    path.write_text(text.replace("- 8/255", "- '4/255'\n- 0.05\n- 0.5"))  # 1 is more than half of [0, 1]
+    assert load_config(path)["budgets"] == [4 / 255, 0.05, 0.5]
     path.write_text(text)
     assert main(["evaluate", str(path), "--no-progress"]) == 0
     rows = json.loads((tmp_path / "out" / "results.json").read_text())["rows"]
@@ -305,8 +305,12 @@ def test_validate_checks_targets_and_model_files(tmp_path, capsys):
                       "package.module:function` in the config")
     assert err[1].startswith("medadv: error: `model.checkpoint`: file not found: ") and len(err) == 2
     path = _small_config(tmp_path, target="no_such_module_xyz:fn")
-    _fails(capsys, ["validate", str(path)], "`target` 'no_such_module_xyz:fn': no module 'no_such_module_xyz' to "
-           "import (give 'package.module:function' importable from here)")
+    # trust is decided first, from the text (finding a module imports its package); then the module is looked for
+    _fails(capsys, ["validate", str(path)], "`target` 'no_such_module_xyz:fn' is code outside medadv, monai, "
+           "torchvision: pass --allow-code (or set `allow_code: true` in the config) if you trust it: a config "
+           "that names code runs it")
+    _fails(capsys, ["validate", str(path), "--allow-code"], "`target` 'no_such_module_xyz:fn': no module "
+           "'no_such_module_xyz' to import (give 'package.module:function' importable from here)")
 
 
 def test_debug_shows_the_traceback(tmp_path, capsys):
@@ -640,3 +644,224 @@ def test_studies_mistakes_are_one_line(tmp_path, capsys):
     _check_evaluate_fails(tmp_path, capsys, "`studies`: 'transfer' compare several models, and a config names one: "
                           "call medadv.studies.transfer / medadv.studies.models from Python with a {name: model} "
                           "mapping", studies=["transfer"])
+
+
+# --- issue 19: budgets in data units, output-folder errors, run records, code trust, symlinks -------------------------
+def test_a_budget_in_the_wrong_units_is_one_line_unless_allowed(tmp_path, capsys):
+    # 8 meant 8/255 on data in [0, 1]: the ball would be the whole box, and the results would mean nothing
+    path = _small_config(tmp_path, budgets=[0.05, 8])
+    message = ("`budgets[1]` is 8, more than half the data range [0, 1] (`threat.bounds`): budgets are in data "
+               "units, e.g. use 8/255 for 8 on a 0-255 scale; set `allow_large_budgets: true` if you mean it")
+    _fails(capsys, ["validate", str(path)], message)
+    _fails(capsys, ["evaluate", str(path), "--no-progress"], message)
+    assert not (tmp_path / "out").exists()
+    path.write_text(path.read_text() + "allow_large_budgets: true\n")
+    assert main(["validate", str(path)]) == 0
+
+
+def test_an_os_error_writing_the_outputs_is_one_line_naming_the_path(tmp_path, capsys, monkeypatch):
+    import errno
+
+    from medadv.results import Results
+
+    def full(path, rows):  # a full disk: write() fails without a file name
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Results, "append_log", staticmethod(full))
+    path = _small_config(tmp_path)
+    assert main(["evaluate", str(path), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"medadv: error: cannot write into the output folder {tmp_path / 'out'}: No space "
+                                "left on device"], err
+    monkeypatch.undo()
+    # a file that cannot be written names itself (read-only folder, permissions): one line too
+
+    def read_only(path, rows):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(Results, "append_log", staticmethod(read_only))
+    assert main(["evaluate", str(path), "--no-progress", "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"medadv: error: cannot write {tmp_path / 'out' / 'log.jsonl'}: Permission denied"]
+
+
+def test_validate_checks_the_output_folder_can_be_created(tmp_path, capsys):
+    (tmp_path / "afile").write_text("not a folder")
+    path = _small_config(tmp_path, output="afile/out")
+    _fails(capsys, ["validate", str(path)], f"`output` {tmp_path / 'afile' / 'out'} cannot be created: "
+           f"{tmp_path / 'afile'} is a file, not a folder")
+    path = _small_config(tmp_path, output="afile")
+    _fails(capsys, ["validate", str(path)], f"`output` {tmp_path / 'afile'} is a file, not a folder")
+    # a folder that can be created is not left behind by validate
+    path = _small_config(tmp_path, output="new/deeper/out")
+    assert main(["validate", str(path)]) == 0
+    assert not (tmp_path / "new").exists()
+
+
+def test_validate_says_when_the_output_folder_is_not_writable(tmp_path, capsys, monkeypatch):
+    import errno
+    import tempfile
+
+    (tmp_path / "out").mkdir()
+    real = tempfile.TemporaryFile
+
+    def refused(*a, **k):
+        if str(k.get("dir", "")) == str(tmp_path / "out"):
+            raise OSError(errno.EROFS, "Read-only file system", str(tmp_path / "out" / "tmpxyz"))
+        return real(*a, **k)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refused)
+    _fails(capsys, ["validate", str(_small_config(tmp_path))],
+           f"`output` {tmp_path / 'out'} is not writable: Read-only file system")
+
+
+def test_long_config_values_are_clipped_in_errors(tmp_path, capsys):
+    key, value = "k" * 10_000, "v" * 10_000
+    path = _small_config(tmp_path, **{key: 1})
+    assert main(["validate", str(path)]) == 2
+    (err,) = capsys.readouterr().err.splitlines()
+    assert "…(10000 chars)" in err and len(err) < 400, err[:500]
+    path = _small_config(tmp_path, target=value)
+    assert main(["validate", str(path)]) == 2
+    (err,) = capsys.readouterr().err.splitlines()
+    assert "…(10002 chars)" in err and len(err) < 400, err[:500]  # the repr's quotes count
+
+
+def _finished_run(tmp_path, capsys):
+    """A finished 1-process run into ``out`` (pgd, 4 samples, one per batch); returns the config path."""
+    import warnings
+
+    path = _small_config(tmp_path, attacks=[{"name": "pgd", "steps": 2}], batch_size=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["evaluate", str(path), "--no-progress"]) == 0
+    capsys.readouterr()
+    return path
+
+
+def test_rank_logs_without_a_run_record_are_resumed_when_their_rows_match(tmp_path, capsys, monkeypatch):
+    """A SIGKILLed torchrun can leave `log.rank1.jsonl` and no `run.json`: its rows of this config are resumed
+    (not refused as an unknown run, not thrown away by --overwrite); rows of anything else still stop the run."""
+    import warnings
+
+    from medadv.results import Results
+
+    path = _finished_run(tmp_path, capsys)
+    out = tmp_path / "out"
+    first = _rows(tmp_path)
+    lines = (out / "log.jsonl").read_text().splitlines()
+    for p in list(out.iterdir()):
+        p.unlink()
+    (out / "log.rank1.jsonl").write_text("\n".join(lines[:3]) + "\n")  # rank 1 had logged 3 of the 4 rows
+    written = []
+    monkeypatch.setattr(Results, "append_log", staticmethod(lambda p, rows: written.extend(rows)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["evaluate", str(path), "--no-progress"]) == 0
+    assert "resuming into" in capsys.readouterr().err
+    assert len(written) == 1  # only the missing row was computed
+    assert _rows(tmp_path) == first
+    assert (out / "run.json").is_file()
+    # rows of other settings beside no run record: still an unknown run
+    for p in list(out.iterdir()):
+        p.unlink()
+    other = [json.dumps({**json.loads(line), "config": "0123456789abcdef"}) for line in lines]
+    (out / "log.rank1.jsonl").write_text("\n".join(other) + "\n")
+    assert main(["evaluate", str(path), "--no-progress"]) == 2
+    assert "holds results of an unknown run (no run.json)" in capsys.readouterr().err
+
+
+def test_the_run_record_is_written_before_any_row(tmp_path, capsys, monkeypatch):
+    from medadv.results import Results
+
+    real = Results.append_log
+    seen = []
+
+    def append(p, rows):
+        record = json.loads((tmp_path / "out" / "run.json").read_text())  # there, complete, before the first row
+        seen.append(record["fingerprint"])
+        real(p, rows)
+
+    monkeypatch.setattr(Results, "append_log", staticmethod(append))
+    _finished_run(tmp_path, capsys)
+    assert len(seen) == 4 and len(set(seen)) == 1
+    assert not list((tmp_path / "out").glob(".run.json*"))  # no temporary file left
+
+
+def test_a_builder_or_target_outside_the_allow_list_is_refused_before_it_is_imported(tmp_path, capsys, monkeypatch):
+    pkg = tmp_path / "site" / "evilpkg"
+    pkg.mkdir(parents=True)
+    marker = tmp_path / "imported.marker"
+    (pkg / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('imported')\n")
+    (pkg / "sub.py").write_text("import torch\n\ndef X():\n    return torch.nn.Identity()\n\ndef fn(x, y, l):\n"
+                                "    return y\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    import sys
+
+    try:
+        for over in ({"model": {"builder": "evilpkg.sub:X"}},
+                     {"target": "evilpkg.sub:fn", "attacks": [{"name": "pgd", "steps": 1, "targeted": True}]}):
+            path = _small_config(tmp_path, **over)
+            for cmd in (["validate", str(path)], ["evaluate", str(path), "--no-progress"]):
+                assert main(cmd) == 2
+                assert "is code outside medadv, monai, torchvision: pass --allow-code" in capsys.readouterr().err
+                assert not marker.exists(), (over, cmd)
+    finally:
+        for name in [m for m in sys.modules if m == "evilpkg" or m.startswith("evilpkg.")]:
+            del sys.modules[name]
+
+
+def test_pretrained_weights_are_refused_whatever_names_the_builder(tmp_path, capsys):
+    for model, key in (({"builder": "torchvision.models:resnet18", "kwargs": {"weights": "DEFAULT"}}, "weights"),
+                       ({"builder": "monai.networks.nets:DenseNet121",
+                         "kwargs": {"spatial_dims": 2, "in_channels": 1, "out_channels": 3, "pretrained": True}},
+                        "pretrained")):
+        path = _small_config(tmp_path, model=model)
+        for cmd in (["validate", str(path)], ["evaluate", str(path), "--no-progress"]):
+            assert main(cmd) == 2
+            (err,) = capsys.readouterr().err.splitlines()
+            assert err.startswith(f"medadv: error: `model.kwargs.{key}`: ") and "would download weights" in err
+            assert "`model.checkpoint`" in err
+
+
+def test_symlinks_in_the_output_folder_leading_outside_are_refused(tmp_path, capsys):
+    path = _nifti_config(tmp_path, n=2, hd95=False, save_adversarial=True)
+    assert main(["evaluate", str(path), "--no-progress"]) == 0
+    capsys.readouterr()
+    adv = tmp_path / "out" / "adversarial"
+    (sub,) = [p for p in adv.iterdir() if p.is_dir()]
+    import shutil
+
+    shutil.rmtree(sub)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    sub.symlink_to(outside, target_is_directory=True)
+    (tmp_path / "out" / "log.jsonl").unlink()  # the rows are recomputed: their files are written again
+    assert main(["evaluate", str(path), "--no-progress"]) == 2
+    (err,) = capsys.readouterr().err.splitlines()
+    assert err.startswith(f"medadv: error: {sub} is a symbolic link to {outside}, outside the output folder")
+    assert list(outside.iterdir()) == []
+
+
+def test_a_nan_input_error_names_its_case(tmp_path, capsys):
+    import nibabel as nib
+    import numpy as np
+
+    path = _nifti_config(tmp_path, hd95=False)
+    img = tmp_path / "images" / "sub1.nii.gz"
+    vol = nib.load(img)
+    data = vol.get_fdata().astype(np.float32)
+    data[3, 4, 5] = np.nan
+    nib.save(nib.Nifti1Image(data, vol.affine), img)
+    _fails(capsys, ["evaluate", str(path), "--no-progress"], "`x` contains NaN or Inf values in case sub1.nii.gz "
+           "(check the file and the `transforms`)")
+    # arrays without file names: the sample's number
+    import numpy as np
+
+    path = _small_config(tmp_path)
+    with np.load(tmp_path / "data.npz") as arr:
+        x, y = arr["x"].copy(), arr["y"]
+    x[2, 0, 1, 1] = np.inf
+    np.savez(tmp_path / "data.npz", x=x, y=y)
+    _fails(capsys, ["evaluate", str(path), "--no-progress", "--output", str(tmp_path / "o2")],
+           "`x` contains NaN or Inf values in case sample 2 (check the file and the `transforms`)")

@@ -93,7 +93,8 @@ def test_every_mistake_is_reported_once():
     ("8/255", 8 / 255), ("4 / 255", 4 / 255), (0.03, 0.03), (1, 1.0), ("0.5", 0.5), ("1e-3", 1e-3), (0, 0.0)])
 def test_budgets_accept_numbers_and_fractions(value, expected):
     assert parse_budget(value) == expected
-    assert validate_config({**BASE, "budgets": [value]}).budgets == [expected]
+    wide = {"norm": "linf", "bounds": [0, 255]}  # 1 is more than half of [0, 1]: see the large-budget test
+    assert validate_config({**BASE, "budgets": [value], "threat": wide}).budgets == [expected]
 
 
 @pytest.mark.parametrize("value", ["8/0", "abc", True, -0.1, "-1/255", math.nan, math.inf, None, [1]])
@@ -258,3 +259,27 @@ def test_inference_save_adversarial_and_allow_code_defaults():
     assert _errors(allow_code="yes") == ["`allow_code` must be true or false (a YAML boolean, not text); got 'yes' (str)"]
     assert _errors(save_adversarial=1) == [
         "`save_adversarial` must be true or false (a YAML boolean, not text); got 1 (int)"]
+
+
+def test_budgets_larger_than_half_the_data_range_are_refused_unless_allowed():
+    """Budgets are in data units: 8 on [0, 1] data is a mistake for 8/255 (the ball would be the whole box)."""
+    msgs = _errors(budgets=["8/255", 8])
+    assert msgs == ["`budgets[1]` is 8, more than half the data range [0, 1] (`threat.bounds`): budgets are in data "
+                    "units, e.g. use 8/255 for 8 on a 0-255 scale; set `allow_large_budgets: true` if you mean it"]
+    (msg,) = _errors(budgets=None, threat={"bounds": [-1000, 1000], "eps": 1500})
+    assert msg.startswith("`threat.eps` is 1500, more than half the data range [-1000, 1000] (`threat.bounds`)")
+    assert validate_config({**BASE, "budgets": [8], "allow_large_budgets": True}).budgets == [8.0]
+    assert validate_config({**BASE, "budgets": [8], "threat": {"bounds": [0, 255]}}).budgets == [8.0]
+    assert validate_config({**BASE, "budgets": [0.5]}).budgets == [0.5]  # half the range: still a ball
+    assert validate_config({**BASE, "budgets": [8], "threat": {"bounds": None}}).budgets == [8.0]  # no range
+    # an L2 budget sums over every element: no per-element range to compare it with
+    assert validate_config({**BASE, "budgets": [8], "threat": {"norm": "l2", "bounds": [0, 1]}}).budgets == [8.0]
+    # build_attacks from a Python mapping checks the same, and the flag lets it through without a warning
+    plan = {"threat": {"bounds": [0, 1]}, "budgets": [8], "attacks": ["fgsm"]}
+    with pytest.raises(ConfigError, match=r"^`budgets\[0\]` is 8, more than half the data range"):
+        build_attacks(plan, MultiClass())
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert list(build_attacks({**plan, "allow_large_budgets": True}, MultiClass())) == ["fgsm@8"]

@@ -208,7 +208,9 @@ def test_flipped_for_multilabel_and_segmentation():
     res = evaluate(model, task, (x, y), {"pgd": PGD(task, Linf(0.3, bounds=(0.0, 1.0)), steps=3)})
     for r in res:
         assert r["flipped"] == (r["clean_mean_dice"] >= 0.4 and r["adv_mean_dice"] < 0.4)
-        assert r["changed"] == (r["changed_fraction"] > 0)
+        # changed: the segmentation moved in substance (Dice to the clean prediction below the threshold)
+        assert r["changed"] == (r["dice_to_clean"] < 0.4)
+        assert (r["changed_fraction"] == 0) == (r["dice_to_clean"] == 1.0)
     torch.manual_seed(0)
     ml = nn.Sequential(nn.Flatten(), nn.Linear(16, 3)).eval()
     g = torch.Generator().manual_seed(0)

@@ -66,6 +66,14 @@ def test_seg3d_nifti_example_per_case_rows_and_hd95_in_mm(folder):
     values = _hd95_values(rows)
     # 2 mm voxels: a non-zero surface distance is at least 2 mm (in voxels it could be 1)
     assert values and all(v == 0 or v >= 2.0 - 1e-6 for v in values) and any(v >= 2.0 for v in values)
+    # report.html: the crops each attack damaged most (named by file, slices named from the NIfTI affine), HD95
+    # per tissue in mm, the tissue names of the config
+    html = (folder / "results" / "seg3d_nifti" / "report.html").read_text(encoding="utf-8")
+    for attack in ("fgsm", "pgd"):
+        assert html.count(f'alt="case: {attack} ε=0.01569 (4/255) · case mni152_right_') == 2
+    assert "per-class HD95, clean vs attacked" in html and "HD95 (mm)" in html and ">HD95 attacked</th>" in html
+    for tissue in ("grey matter", "white matter", "other brain"):
+        assert f">{tissue}</td>" in html
 
 
 def test_multilabel_png_example_reads_the_csv_labels(folder):

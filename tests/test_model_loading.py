@@ -392,3 +392,59 @@ def test_the_model_section_names_exactly_one_network():
     assert msg.startswith("unknown key `strip_prefx` in `model`; did you mean `strip_prefix`?")
     assert errors({"builder": "small_cnn", "strip_prefix": "module."}) == [
         "`model` `strip_prefix` applies to the keys of a `checkpoint`, and none is given"]
+
+
+# --- nothing downloads: pretrained arguments refused by name, any connection while building is an error --------------
+def test_pretrained_arguments_are_refused_for_any_builder():
+    for spec, key in (({"builder": "torchvision.models:resnet18", "kwargs": {"weights": "DEFAULT"}}, "weights"),
+                      ({"builder": "torchvision.models.segmentation:fcn_resnet50",
+                        "kwargs": {"weights_backbone": "IMAGENET1K_V1"}}, "weights_backbone"),
+                      ({"builder": "monai.networks.nets:DenseNet121",
+                        "kwargs": {"spatial_dims": 2, "in_channels": 1, "out_channels": 2, "pretrained": True}},
+                       "pretrained")):
+        for check in (check_model, build_model):
+            with pytest.raises(ConfigError, match=rf"^`model.kwargs.{key}`: .* would download weights, and medadv "
+                                                  "downloads nothing"):
+                check(spec)
+    # MONAI's EfficientNet defaults to pretrained=True: built from its module path too, the default is switched off
+    with pytest.warns(RandomWeightsWarning):
+        model = build_model({"builder": "monai.networks.nets:EfficientNetBN",
+                             "kwargs": {"model_name": "efficientnet-b0", "spatial_dims": 2, "in_channels": 1,
+                                        "num_classes": 2}})
+    assert type(model).__name__ == "EfficientNetBN"
+
+
+DOWNLOADER = '''
+import urllib.request
+
+from torch import nn
+
+
+def Net() -> nn.Module:
+    urllib.request.urlopen("http://203.0.113.7/weights.pt", timeout=5)  # a builder that fetches its weights
+    return nn.Identity()
+'''
+
+
+def test_a_connection_while_the_model_is_built_is_a_clear_error(tmp_path):
+    (tmp_path / "net.py").write_text(DOWNLOADER)
+    with pytest.raises(ConfigError, match=r"^`model.builder` 'net.py:Net' tried to connect to 203.0.113.7:80 while "
+                                          r"the model was built: medadv downloads nothing"):
+        build_model({"builder": "net.py:Net"}, str(tmp_path))
+
+
+def test_the_test_suite_itself_has_no_network():
+    import socket
+
+    with pytest.raises(RuntimeError, match="the test suite has no network"):
+        socket.create_connection(("203.0.113.7", 80), timeout=5)
+    with pytest.raises(RuntimeError, match="the test suite has no network"):
+        socket.getaddrinfo("example.com", 443)
+    # the local machine stays reachable (gloo on localhost, the browser test's Chromium)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(2)
+        port = server.getsockname()[1]
+        for host in ("127.0.0.1", "localhost"):
+            with socket.create_connection((host, port), timeout=5):
+                pass

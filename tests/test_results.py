@@ -1,9 +1,12 @@
 import json
+from dataclasses import dataclass
+from typing import ClassVar
 
 import pytest
 import torch
 
 from medadv.attacks import FGSM, PGD
+from medadv.attacks.base import Attack, AttackDetails
 from medadv.evaluation import evaluate
 from medadv.results import Results
 from medadv.threats import Linf
@@ -139,3 +142,63 @@ def test_background_only_sample_predicted_perfectly_is_not_fooled():
     logits = torch.nn.functional.one_hot(y, 3).movedim(-1, 1).float() * 10
     assert task.mean_dice(y, y).tolist() == [1.0, 1.0]
     assert not task.fooled(logits, y).any()
+
+
+# --- issue 19: NaN / Inf are written as null (strict JSON) -------------------------------------------------------
+def _strict(text: str):
+    """``json.loads`` that refuses the non-JSON tokens ``NaN``, ``Infinity`` and ``-Infinity`` (as JavaScript's
+    ``JSON.parse``, ``jq`` or Go do)."""
+
+    def refuse(token: str):
+        raise ValueError(f"non-JSON token {token}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@dataclass
+class _OddDetails(AttackDetails):
+    columns: ClassVar[tuple[str, ...]] = ("score",)
+    score: torch.Tensor
+
+
+class _Odd(Attack):
+    """Leaves ``x`` unchanged and reports a per-sample column that is NaN, +Inf, -Inf, then finite."""
+
+    def perturb(self, model, x, y, logits, **call_args):
+        odd = torch.tensor([float("nan"), float("inf"), float("-inf"), 1.0])
+        return x.clone(), _OddDetails(score=odd.repeat(x.shape[0] // 4 + 1)[: x.shape[0]]), None
+
+
+def test_every_file_of_a_run_with_nan_and_inf_is_strict_json(trained_multiclass, tmp_path):
+    t = trained_multiclass
+    log = tmp_path / "log.jsonl"
+    res = evaluate(t.model, t.task, (t.x[:8], t.y[:8]), {"odd": _Odd(t.task, Linf(0.1, bounds=(0.0, 1.0)))}, log=log)
+    res.meta["undefined"] = float("nan")
+    res.to_json(tmp_path / "results.json")
+    data = _strict((tmp_path / "results.json").read_text())
+    assert data["meta"]["undefined"] is None
+    assert [r["attack_score"] for r in data["rows"]][:4] == [None, None, None, 1.0]
+    lines = [_strict(line) for line in log.read_text().splitlines()]
+    assert len(lines) == len(res) and [r["attack_score"] for r in lines][:4] == [None, None, None, 1.0]
+    # read back, the undefined values are None, which the summary leaves out of the mean as it does NaN
+    for again in (Results.from_json(tmp_path / "results.json"), Results.read_log(log)):
+        assert again.summary()[0]["attack_score"] == 1.0
+
+
+def test_nan_and_inf_cells_are_null_in_json_jsonl_and_csv_lists(tmp_path):
+    rows = [{"sample": 0, "attack": "a", "budget": 0.1, "x": float("nan"), "v": [1.0, float("inf"), float("-inf")],
+             "nested": {"d": [float("nan")]}},
+            {"sample": 1, "attack": "a", "budget": 0.1, "x": 2.0, "v": [3.0, 1.0, float("nan")], "nested": {}}]
+    res = Results(rows, {"eps": float("inf")})
+    res.to_json(tmp_path / "r.json")
+    Results.append_log(tmp_path / "r.jsonl", rows)
+    res.to_csv(tmp_path / "r.csv")
+    data = _strict((tmp_path / "r.json").read_text())
+    assert data["meta"] == {"eps": None} and data["rows"][0]["x"] is None
+    assert data["rows"][0]["v"] == [1.0, None, None] and data["rows"][0]["nested"] == {"d": [None]}
+    assert [_strict(line)["v"] for line in (tmp_path / "r.jsonl").read_text().splitlines()] == \
+        [[1.0, None, None], [3.0, 1.0, None]]
+    assert "NaN" not in (tmp_path / "r.csv").read_text() and "Infinity" not in (tmp_path / "r.csv").read_text()
+    assert rows[0]["x"] != rows[0]["x"]  # the caller's rows are not modified
+    s = Results.from_json(tmp_path / "r.json").summary()[0]
+    assert s["x"] == 2.0 and s["v"][0] == 2.0 and s["v"][1] == 1.0 and s["v"][2] != s["v"][2]

@@ -353,3 +353,25 @@ def test_dicom_helpers(tmp_path):
     x = torch.zeros(1, 64, 50)
     p = save_example(x, tmp_path / "r", box=Box(-1024.0, 3071.0), affine=np.eye(4), source=items[0]["image"])
     assert p.suffix == ".png"
+
+
+def test_a_symlink_leading_outside_the_output_folder_is_refused(tmp_path):
+    """A sub-folder (or file) of the output folder that is a symlink to somewhere else is not written through."""
+    root, outside = tmp_path / "out", tmp_path / "elsewhere"
+    (root / "adversarial").mkdir(parents=True)
+    outside.mkdir()
+    (root / "adversarial" / "pgd").symlink_to(outside, target_is_directory=True)
+    x = torch.rand(1, 4, 4, 4)
+    with pytest.raises(PermissionError, match=r"is a symbolic link to .*elsewhere, outside the output folder"):
+        save_example(x, root / "adversarial" / "pgd" / "0000_case", box=Box(0.0, 1.0), root=root)
+    (root / "adversarial" / "fgsm").mkdir()
+    (root / "adversarial" / "fgsm" / "0000_case.nii.gz").symlink_to(outside / "victim.nii.gz")
+    with pytest.raises(PermissionError, match=r"outside the output folder"):
+        save_example(x, root / "adversarial" / "fgsm" / "0000_case", box=Box(0.0, 1.0), root=root)
+    assert list(outside.iterdir()) == []
+    # links that stay inside, and an output folder that is itself a link, are fine
+    (root / "adversarial" / "inside").symlink_to(root / "adversarial" / "fgsm", target_is_directory=True)
+    (tmp_path / "link").symlink_to(root, target_is_directory=True)
+    saved = save_example(x, tmp_path / "link" / "adversarial" / "inside" / "0001", box=Box(0.0, 1.0),
+                         root=tmp_path / "link")
+    assert saved.is_file() and (root / "adversarial" / "fgsm" / "0001.nii.gz").is_file()

@@ -67,7 +67,10 @@ def test_bounds_in_data_units_and_per_channel():
     hu.check_inside(x)
     lo = torch.tensor([0.0, -2.0]).reshape(2, 1, 1)
     hi = torch.tensor([1.0, 2.0]).reshape(2, 1, 1)
-    th = Linf(10.0, bounds=(lo, hi))
+    from medadv.threats import LargeBudgetWarning
+
+    with pytest.warns(LargeBudgetWarning):  # a ball wider than the box: clipping to each channel's range shows
+        th = Linf(10.0, bounds=(lo, hi))
     x = torch.zeros(3, 2, 4, 4)
     c = th.clip(x + 5.0)
     assert c.shape == x.shape
@@ -104,3 +107,22 @@ def test_constructor_errors():
         Linf(0.1, bounds=(0.0, "one"))
     with pytest.raises(ValueError, match=r"lo < hi"):
         Linf(0.1, bounds=(torch.tensor([0.0, 1.0]), torch.tensor([1.0, 1.0])))
+
+
+def test_an_linf_budget_above_half_the_data_range_warns_loudly():
+    """8 on [0, 1] data is a units mistake for 8/255 (the ball would cover the box): the Python API says so."""
+    import warnings
+
+    from medadv.threats import LargeBudgetWarning
+
+    with pytest.warns(LargeBudgetWarning, match=r"^Linf eps=8 is more than half the data range \[0, 1\]: budgets "
+                                                r"are in data units, e.g. 8/255 for 8 on a 0-255 scale"):
+        Linf(8.0, bounds=(0.0, 1.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Linf(0.1, bounds=(0.0, 1.0)).with_eps(0.9)  # radii derived inside attacks (AutoAttack's 2ε phase): silent
+        Linf(0.5, bounds=(0.0, 1.0))
+        Linf(8.0, bounds=(0.0, 255.0))
+        Linf(8.0, bounds=None)
+        Linf(20.0, bounds=(torch.tensor([0.0, -1000.0]).view(2, 1, 1), torch.tensor([1.0, 1000.0]).view(2, 1, 1)))
+        L2(8.0, bounds=(0.0, 1.0))  # an L2 norm sums over elements: not comparable with one element's range

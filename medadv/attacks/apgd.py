@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from ..params import Bool, Options, Real
 from ..tasks import Segmentation, Task
 from ..threats import Linf, Threat
-from .base import AttackDetails, register
+from .base import AttackDetails, PerturbOutput, register
 from .engine import EngineOutput, IterativeAttack, StepContext
 from .losses import balanced_weights, cosine_weights, js_divergence, segpgd_weights
 from .steps import StepRule
@@ -315,6 +315,10 @@ class APGD(IterativeAttack):
             raise ValueError("`weight` of APGD must hold finite non-negative floats")
         return weight.detach().to(ctx.x.device, ctx.x.dtype)
 
+    def starts_at_input(self) -> bool:
+        assert self.threat is not None
+        return not self.random_start or self.threat.eps == 0
+
     def init_variable(self, ctx: StepContext, generator: torch.Generator | None) -> Tensor:
         assert self.threat is not None
         if not self.random_start or self.threat.eps == 0:
@@ -351,4 +355,4 @@ class APGD(IterativeAttack):
         trace = out.trace
         if trace is not None:
             trace["step_size"] = out.ctx.shared["apgd"]["step_size"]
-        return out.x_adv, self.details(model, out), trace
+        return PerturbOutput(out.x_adv, self.details(model, out), trace, out.start_logits)

@@ -5,7 +5,9 @@ each only on the samples not yet at the floor of the task's metric, and keeps pe
 that metric (:meth:`~medadv.tasks.Task.robust_metric`: accuracy, exact match of every label, mean Dice).
 
 * Multi-class: AutoAttack's members through pyautoattack (Croce & Hein, ICML 2020): APGD-CE, APGD-T,
-  FAB-T, Square, one at a time so each one's contribution and time are recorded.
+  FAB-T, Square, one at a time so each one's contribution and time are recorded. On inputs pyautoattack's
+  Square cannot take (3-D volumes; L2 on images of fewer than 5 rows) the Square member is medadv's own
+  :class:`~medadv.attacks.square.Square` on the logit margin, as for the other tasks.
 * Multi-label: APGD on the per-label BCE, APGD on the per-label margin, APGD focused on flipping each
   sample's least-confident labels (one run per label, the multi-label analogue of APGD-T), and the
   score-based Square attack on the smallest label margin (a black-box member that exposes masked gradients).
@@ -121,6 +123,9 @@ class _ComponentAPGD(APGD):
             start = out.x_adv
         assert out is not None
         return out
+
+    def starts_at_input(self) -> bool:
+        return False  # a later phase starts from the previous phase's result
 
     def init_variable(self, ctx: StepContext, generator: torch.Generator | None) -> Tensor:
         start = ctx.shared.get("start")
@@ -353,12 +358,17 @@ class AutoEvaluation(Attack):
         return run
 
     def _pyautoattack_runner(self, i: int, name: str) -> Runner:
-        from .autoattack import run_pyautoattack
+        from .autoattack import run_pyautoattack, square_refusal
 
         threat = self.threat
         assert threat is not None
+        norm = "Linf" if threat.p == float("inf") else "L2"
+        # pyautoattack's Square takes 2-D images only (and L2 ones of >= 5 rows): medadv's Square otherwise
+        fallback = self._square_runner(i) if name == "square" else None
 
         def run(model: nn.Module, x: Tensor, y: Tensor, logits: Tensor, skip: Tensor) -> Tensor:
+            if fallback is not None and square_refusal(tuple(x.shape), norm) is not None:
+                return fallback(model, x, y, logits, skip)
             keep = ~skip
             out = x.clone()
             if bool(keep.any()):
@@ -394,7 +404,9 @@ class AutoEvaluation(Attack):
                 with torch.no_grad():
                     adv_logits = forward_tensor(model, x_adv)
                 metric, margin = task.robust_metric(adv_logits, y), task.margin(adv_logits, y)
-                worse = ~skip & ((metric < best_metric) | ((metric == best_metric) & (margin < best_margin)))
+                # a member output holding NaN/Inf is never a worst case (NaN logits score Dice 0 / wrong)
+                finite = torch.isfinite(x_adv.reshape(n, -1)).all(dim=1)
+                worse = ~skip & finite & ((metric < best_metric) | ((metric == best_metric) & (margin < best_margin)))
                 rows = worse.reshape((-1,) + (1,) * (x.ndim - 1))
                 best_x = torch.where(rows, x_adv, best_x)
                 best_metric = torch.where(worse, metric, best_metric)

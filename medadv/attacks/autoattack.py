@@ -19,10 +19,47 @@ from ..tasks import Task
 from ..threats import Threat
 from .base import Attack, register
 
-__all__ = ["AutoAttack", "UnitBox", "run_pyautoattack"]
+__all__ = ["AutoAttack", "UnitBox", "run_pyautoattack", "pyautoattack_members", "square_refusal"]
 
 _VERSIONS = ("standard", "plus", "rand", "custom")
 _ATTACKS = ("apgd-ce", "apgd-dlr", "fab", "square", "apgd-t", "fab-t")
+#: the members each pyautoattack version runs (its ``AutoAttack.__init__``)
+_VERSION_MEMBERS = {"standard": ("apgd-ce", "apgd-t", "fab-t", "square"),
+                    "plus": ("apgd-ce", "apgd-dlr", "fab", "square", "apgd-t", "fab-t"),
+                    "rand": ("apgd-ce", "apgd-dlr")}
+
+
+def pyautoattack_members(version: str, attacks: list[str] | None) -> tuple[str, ...]:
+    """The members pyautoattack runs for ``version`` (``attacks`` when given, as :func:`run_pyautoattack`)."""
+    return tuple(attacks) if attacks is not None else _VERSION_MEMBERS.get(version, ())
+
+
+def square_refusal(shape: tuple[int, ...], norm: str) -> str | None:
+    """Why pyautoattack's Square cannot attack inputs of ``shape`` ``(N, C, *spatial)`` under ``norm``
+    (``"Linf"`` / ``"L2"``); ``None`` when it can.
+
+    Its Square unpacks ``(C, H, W)`` (2-D images only), and its L2 version tiles the initial perturbation in
+    windows of ``H // 5`` rows (a ZeroDivisionError below 5 rows). APGD and FAB take any spatial rank.
+    """
+    if len(shape) != 4:
+        return f"pyautoattack's Square attacks 2-D images (N, C, H, W) only, got shape {tuple(shape)}"
+    if norm == "L2" and shape[2] < 5:
+        return (f"pyautoattack's L2 Square needs images of at least 5 rows (its windows are H // 5 rows), got "
+                f"shape {tuple(shape)}")
+    return None
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the gradient contiguous: a channels_last model (or input) gives a
+    channels_last gradient, which toolkits flatten with ``.view`` (pyautoattack's APGD, Square, checks)."""
+
+    @staticmethod
+    def forward(ctx: Any, u: Tensor) -> Tensor:
+        return u.view_as(u)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        return grad.contiguous()
 
 
 class UnitBox(nn.Module):
@@ -30,14 +67,21 @@ class UnitBox(nn.Module):
 
     Lets toolkits that hard-code [0, 1] (AutoAttack, torchattacks) attack data in other units. ``lo`` and
     ``hi`` are scalars or tensors broadcastable to one batch (per-channel ranges).
+
+    With ``dtype`` (the model's floating dtype, e.g. float64), the decoded input is cast to it and the
+    output cast back to float32: toolkits such as pyautoattack cast their inputs to float32 (``.float()``),
+    which a float64 model refuses ("Input type (float) and bias type (double)"). The gradient reaching ``u``
+    is always contiguous (see :class:`_ContiguousGrad`).
     """
 
     lo: Tensor
     scale: Tensor
 
-    def __init__(self, model: nn.Module, lo: float | Tensor, hi: float | Tensor) -> None:
+    def __init__(self, model: nn.Module, lo: float | Tensor, hi: float | Tensor,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.model = model
+        self.dtype = dtype
         self.register_buffer("lo", torch.as_tensor(lo, dtype=torch.float32).detach().clone(), persistent=False)
         self.register_buffer("scale", (torch.as_tensor(hi, dtype=torch.float32) - self.lo).detach().clone(),
                              persistent=False)
@@ -63,7 +107,10 @@ class UnitBox(nn.Module):
         return float(eps) / float(self.scale.flatten()[0])
 
     def forward(self, u: Tensor) -> Tensor:
-        return self.model(self.decode(u))
+        x = self.decode(_ContiguousGrad.apply(u))
+        if self.dtype is None or self.dtype == x.dtype:
+            return self.model(x)
+        return self.model(x.to(self.dtype)).float()
 
 
 @register("autoattack")
@@ -118,6 +165,20 @@ class AutoAttack(Attack):
             raise InvalidParameterError("`attacks` of AutoAttack is required with version='custom' and not "
                                         f"allowed with version={self.version!r}")
 
+    def _check_call(self, model: Any, x: Any, y: Any) -> None:
+        """Also refuse, before any work, inputs pyautoattack's Square cannot attack (:func:`square_refusal`)."""
+        super()._check_call(model, x, y)
+        assert self.threat is not None
+        norm = "Linf" if math.isinf(self.threat.p) else "L2"
+        members = pyautoattack_members(self.version, self.attacks)
+        why = square_refusal(tuple(x.shape), norm) if "square" in members else None
+        if why is not None:
+            rest = [m for m in members if m != "square"]
+            others = f"version='custom' with attacks={rest!r}, " if rest else ""
+            raise ValueError(f"`x` of AutoAttack (version={self.version!r}, members {', '.join(members)}): {why}. "
+                             f"Use {others}medadv's `auto` (its Square member takes any image size and 3-D "
+                             "volumes), or medadv's `square` attack")
+
     def perturb(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor | None, **call_args: Any) -> Tensor:
         assert self.threat is not None
         return run_pyautoattack(model, x, y, logits, self.threat, version=self.version, attacks=self.attacks,
@@ -133,16 +194,25 @@ def run_pyautoattack(model: nn.Module, x: Tensor, y: Tensor, logits: Tensor | No
     restart, 9 target classes, 5000 Square queries); ``steps`` (APGD iterations), ``targets`` (target
     classes of APGD-T / FAB-T) and ``queries`` (Square) override them. The threat needs finite scalar
     bounds. The caller's global RNG stream is left as it was.
+
+    pyautoattack works in float32 on contiguous tensors: a model of another floating dtype is run in its
+    own dtype behind the unit box (the result comes back in ``x``'s dtype), channels_last inputs and
+    gradients are made contiguous. Inputs its Square cannot take (:func:`square_refusal`) are refused
+    before any work when ``square`` is among the members.
     """
     from pyautoattack import AutoAttack as _AutoAttack
 
     assert threat.bounds is not None
     lo, hi = threat.bounds
-    box = UnitBox(model, lo, hi).to(x.device)
     norm = "Linf" if math.isinf(threat.p) else "L2"
+    why = square_refusal(tuple(x.shape), norm) if "square" in pyautoattack_members(version, attacks) else None
+    if why is not None:
+        raise ValueError(f"{why}: run the other members (version='custom'), or medadv's `square` attack")
+    param = next((p for p in model.parameters() if p.is_floating_point()), None)
+    box = UnitBox(model, lo, hi, dtype=None if param is None else param.dtype).to(x.device)
     # seed=None: one seed from the global RNG (the caller's stream, used like any unseeded attack)
     seed = seed if seed is not None else int(torch.randint(2**31 - 1, ()).item())
-    u = box.encode(x)
+    u = box.encode(x).float().contiguous()  # pyautoattack's own dtype and layout (it `.view`s and `.float()`s)
     # pyautoattack calls torch.manual_seed / torch.cuda.manual_seed: fork the global CPU and CUDA RNG
     # states so the caller's stream is untouched (medadv never changes global RNG state)
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
@@ -171,5 +241,7 @@ def run_pyautoattack(model: nn.Module, x: Tensor, y: Tensor, logits: Tensor | No
         if queries is not None:
             aa.square.n_queries = queries
         u_adv, _ = aa.run_standard_evaluation(u, y, batch_size=batch_size or x.shape[0])
-    # back in data units, exactly inside the ball and bounds (undo the unit-box round-off)
-    return threat.finalize(x, box.decode(u_adv.to(x), x))
+    # back in data units, exactly inside the ball and bounds (undo the unit-box round-off); only the
+    # perturbation is rescaled (against the float32 ``u`` pyautoattack saw), so elements it left alone come
+    # back bit-exact in x's own dtype
+    return threat.finalize(x, x + (u_adv.to(u) - u).to(x) * box.scale.to(x))

@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, final
 
@@ -22,7 +22,15 @@ from torch import Tensor, nn
 
 from ..params import Bool, Configurable, InvalidParameterError, Optional, closest
 from ..params import Int as _Int
-from ..runtime import attack_mode, check_input, check_model, forward_tensor, make_generator, model_device
+from ..runtime import (
+    all_finite,
+    attack_mode,
+    check_input,
+    check_model,
+    forward_tensor,
+    make_generator,
+    model_device,
+)
 from ..tasks import Task
 from ..threats import Box, Threat, per_sample_norm
 
@@ -30,6 +38,7 @@ __all__ = [
     "Attack",
     "AttackResult",
     "AttackDetails",
+    "PerturbOutput",
     "attack_mode",
     "check_input",
     "model_device",
@@ -76,6 +85,9 @@ class AttackResult:
         y: the labels the attack used (the clean prediction when the caller passed ``y=None``).
         trace: optional per-step records (attack-specific, e.g. loss or fooled fraction per step).
         details: typed attack-specific outputs (:class:`AttackDetails` subclass) or ``None``.
+        pred: the task's hard prediction on ``x_adv`` (:meth:`Task.predict` of ``logits``), or ``None``.
+        clean_logits: the model output on ``x`` when the attack computed it (its own clean forward, or the first
+            step of an attack that starts at ``x``), detached; ``None`` otherwise.
     """
 
     x_adv: Tensor
@@ -86,6 +98,8 @@ class AttackResult:
     y: Tensor
     trace: dict[str, Any] | None = None
     details: AttackDetails | None = None
+    pred: Tensor | None = None
+    clean_logits: Tensor | None = None
 
     @property
     def extras(self) -> dict[str, Any]:
@@ -100,6 +114,24 @@ class AttackResult:
         """Per-sample columns of the typed details (empty dicts when there are none)."""
         n = self.fooled.shape[0]
         return [{} if self.details is None else self.details.row(i) for i in range(n)]
+
+
+@dataclass
+class PerturbOutput:
+    """What :meth:`Attack.perturb` may return instead of a bare tensor or an ``(x_adv, details, trace)`` tuple.
+
+    ``clean_logits``: the model's output on the clean input, when the attack computed it on its way (an iterative
+    attack whose first iterate is ``x`` itself): the result carries it, so a caller needs no clean forward pass.
+    """
+
+    x_adv: Tensor
+    details: AttackDetails | None = None
+    trace: dict[str, Any] | None = None
+    clean_logits: Tensor | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        """Unpacks as ``x_adv, details, trace``, like the tuple that ``perturb`` returned before."""
+        return iter((self.x_adv, self.details, self.trace))
 
 
 class Attack(Configurable, ABC):
@@ -223,16 +255,30 @@ class Attack(Configurable, ABC):
             raise ValueError("`y` is on the meta device (no data); materialise it first")
 
     @final
-    def __call__(self, model: nn.Module, x: Tensor, y: Tensor | None = None, **call_args: Any) -> AttackResult:
+    def __call__(self, model: nn.Module, x: Tensor, y: Tensor | None = None, *, clean_logits: Tensor | None = None,
+                 **call_args: Any) -> AttackResult:
+        """Attack the batch ``x`` (labels or targets ``y``; ``None``: the clean prediction).
+
+        ``clean_logits``: the model's output on ``x`` in eval mode, when the caller has it already
+        (:func:`~medadv.evaluate` computes it once per batch for every attack): it replaces the attack's own clean
+        forward pass. It is read, never modified, and must come from this model and this ``x``.
+        """
         self._check_call(model, x, y)
         self._check_call_args(call_args)
         device = model_device(model, x.device)
         x0 = x.detach().to(device)
+        if clean_logits is not None and (not isinstance(clean_logits, Tensor) or clean_logits.ndim == 0
+                                         or clean_logits.shape[0] != x.shape[0]):
+            got = tuple(clean_logits.shape) if isinstance(clean_logits, Tensor) else type(clean_logits).__name__
+            raise ValueError(f"`clean_logits` must be the model's output on `x` (batch size {x.shape[0]}), got {got}")
         with attack_mode(model):
             logits0 = None
             if y is None or self.needs_clean_logits:
-                with torch.no_grad():
-                    logits0 = forward_tensor(model, x0)
+                if clean_logits is not None:
+                    logits0 = clean_logits.detach().to(device)
+                else:
+                    with torch.no_grad():
+                        logits0 = forward_tensor(model, x0)
             if y is None:
                 assert logits0 is not None
                 y0 = self.task.predict(logits0)
@@ -243,11 +289,17 @@ class Attack(Configurable, ABC):
                 self.task.validate(logits0, y0, "y")
             y0 = self.task.to_target(y0, x0 if logits0 is None else logits0)
             out = self.perturb(model, x0, y0, logits0, **call_args)
-            x_adv, details, trace = out if isinstance(out, tuple) else (out, None, None)
+            if isinstance(out, PerturbOutput):
+                x_adv, details, trace = out.x_adv, out.details, out.trace
+                if logits0 is None and out.clean_logits is not None:
+                    logits0 = out.clean_logits.detach()
+            else:
+                x_adv, details, trace = out if isinstance(out, tuple) else (out, None, None)
             x_adv = x_adv.detach()
+            _check_finite_output(self, x_adv)
             with torch.no_grad():
                 logits = forward_tensor(model, x_adv)
-            fooled = self.task.fooled(logits, y0, self.targeted)
+            pred, fooled = self.task.decide(logits, y0, self.targeted)
         delta = x_adv - x0
         return AttackResult(
             x_adv=x_adv.to(x.device),
@@ -258,6 +310,8 @@ class Attack(Configurable, ABC):
             y=y0,
             trace=trace,
             details=details,
+            pred=pred,
+            clean_logits=logits0,
         )
 
     #: extra keyword arguments ``__call__`` accepts (e.g. DAG's ``target_mask``)
@@ -271,15 +325,31 @@ class Attack(Configurable, ABC):
                 raise TypeError(f"{type(self).__name__}() got an unexpected call argument `{k}`{hint}")
 
     @abstractmethod
-    def perturb(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor | None,
-                **call_args: Any) -> Tensor | tuple[Tensor, AttackDetails | None, dict[str, Any] | None]:
-        """Return the adversarial batch, or ``(x_adv, details, trace)``.
+    def perturb(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor | None, **call_args: Any
+                ) -> Tensor | tuple[Tensor, AttackDetails | None, dict[str, Any] | None] | PerturbOutput:
+        """Return the adversarial batch, ``(x_adv, details, trace)`` or a :class:`PerturbOutput`.
 
         ``x`` and ``y`` are on the model's device; ``logits`` is the clean output, already checked
         against ``y``. It is ``None`` only for attacks with ``needs_clean_logits = False`` called with
         a ``y``: they must validate ``y`` (``task.validate``) against their first forward.
         Must not modify ``x`` in place.
         """
+
+
+def _check_finite_output(attack: Attack, x_adv: Tensor) -> None:
+    """Refuse an adversarial batch holding NaN/Inf: its output (arg-max of NaN logits) would count as fooled
+    and the evaluation would report a broken attack as a success. One host read per call, after the attack
+    (never inside its step loop); the inputs were checked finite before it ran, so this is a defect of the
+    attack (an unstable loss or normalisation), never of the caller's data."""
+    if all_finite(x_adv):  # one reduction in the common case
+        return
+    bad = ~torch.isfinite(x_adv.reshape(x_adv.shape[0], -1)).all(dim=1)
+    if bool(bad.any()):
+        rows = bad.nonzero().flatten().tolist()
+        raise FloatingPointError(
+            f"{type(attack).__name__} returned NaN/Inf adversarial inputs for sample(s) {rows[:10]} of the batch "
+            "(the inputs were finite): a NaN/Inf gradient or step; please report it with the attack's settings. "
+            "Another loss or attack avoids it meanwhile")
 
 
 # --- deprecated keywords shared by the box attacks ------------------------------------------------------------

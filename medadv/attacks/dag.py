@@ -293,6 +293,9 @@ class DAG(IterativeAttack):
     def step_rule(self) -> StepRule:
         return _DAGStep(self.alpha, float("inf") if self.norm == "linf" else 2.0)
 
+    def starts_at_input(self) -> bool:
+        return True  # the variable is the input, starting at x, and the objective's output is the model's
+
     def objective(self, model: nn.Module, v: Tensor, ctx: StepContext) -> tuple[Tensor, Tensor]:
         logits = self.forward(model, v)
         if ctx.shared.pop("validate_y", False):  # y checked against the first (clean) output

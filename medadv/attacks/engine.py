@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from ..params import Bool, Int
 from ..runtime import forward_tensor, make_generator
-from .base import Attack, AttackDetails
+from .base import Attack, AttackDetails, PerturbOutput
 from .steps import StepRule
 
 __all__ = ["IterativeAttack", "StepContext", "EngineOutput"]
@@ -96,6 +96,7 @@ class EngineOutput:
     iterations: Tensor  # (N,) long: updates actually applied to each sample
     trace: dict[str, Tensor] | None
     ctx: StepContext  # the full-batch context after setup (state of every sample)
+    start_logits: Tensor | None = None  # the first step's output when it was the clean forward (starts_at_input)
 
 
 class IterativeAttack(Attack):
@@ -150,6 +151,16 @@ class IterativeAttack(Attack):
         """The model input for variable ``v`` (identity when the variable is the input)."""
         return v
 
+    def starts_at_input(self) -> bool:
+        """Whether the first iterate is the clean input itself: then the first step's forward pass is the clean
+        forward, and the attack returns its output as ``AttackResult.clean_logits`` (no separate clean pass for
+        a caller that needs it). True when none of :meth:`init_variable`, :meth:`to_input` and :meth:`objective`
+        is overridden (an objective may run a stand-in model); attacks with an optional random start, or whose
+        objective's output is the model's, override it."""
+        cls = type(self)
+        return cls.init_variable is IterativeAttack.init_variable and cls.to_input is IterativeAttack.to_input \
+            and cls.objective is IterativeAttack.objective
+
     def forward(self, model: nn.Module, x_adv: Tensor) -> Tensor:
         """The model output (bf16 autocast on CUDA when ``amp``; the output is returned in fp32)."""
         if self.amp and x_adv.device.type == "cuda":
@@ -192,6 +203,15 @@ class IterativeAttack(Attack):
         fooled test and the objective). Called with no gradient, on the output the step already computed."""
         return self.task.fooled(logits.detach(), ctx.y, self.targeted), objective.detach()
 
+    def _assess_finite(self, model: nn.Module, v: Tensor, logits: Tensor, objective: Tensor,
+                       ctx: StepContext) -> tuple[Tensor, Tensor]:
+        """:meth:`assess`, with an iterate holding NaN/Inf never admissible and scored ``-inf``: the output of
+        a NaN input (arg-max of NaN logits) would pass the task's "fooled" test, and best-iterate keeping
+        would return the NaN input as the attack's success. On the device, no host sync."""
+        ok, score = self.assess(model, v, logits, objective, ctx)
+        finite = torch.isfinite(v.reshape(v.shape[0], -1)).all(dim=1)
+        return ok & finite, torch.where(finite, score, torch.full_like(score, float("-inf")))
+
     def better(self, ok: Tensor, score: Tensor, best_ok: Tensor, best_score: Tensor) -> Tensor:
         """Per sample: is ``(ok, score)`` better than the best so far? Admissible first, then higher score."""
         return (ok & ~best_ok) | ((ok == best_ok) & (score > best_score))
@@ -206,8 +226,7 @@ class IterativeAttack(Attack):
     # --- the loop --------------------------------------------------------------------------------------------
     def perturb(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor | None, **call_args: Any):
         out = self.run(model, x, y, logits, **call_args)
-        trace = out.trace
-        return out.x_adv, self.details(model, out), trace
+        return PerturbOutput(out.x_adv, self.details(model, out), out.trace, out.start_logits)
 
     def run(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor | None, *, skip: Tensor | None = None,
             **call_args: Any) -> EngineOutput:
@@ -225,11 +244,12 @@ class IterativeAttack(Attack):
         gen = make_generator(self.seed, x.device)
         trace: list[Tensor] | None = [] if self.record_trace else None
         best: EngineOutput | None = None
+        start_logits = None
         for r in range(self.restarts):
             res = self._restart(model, replace(ctx, restart=r), gen, trace,
                                 validate=logits is None and r == 0, skip=skip)
             if best is None:
-                best = res
+                best, start_logits = res, res.start_logits
                 continue
             b = self.better(res.admissible, res.score, best.admissible, best.score)
             best = EngineOutput(
@@ -242,6 +262,7 @@ class IterativeAttack(Attack):
         assert best is not None
         best.ctx = ctx
         best.trace = None if trace is None else {self.trace_key: torch.stack(trace)}
+        best.start_logits = start_logits
         return best
 
     def _restart(self, model: nn.Module, ctx: StepContext, gen: torch.Generator | None,
@@ -261,6 +282,9 @@ class IterativeAttack(Attack):
         full_ctx = ctx
         steps = self.steps
         assess_every = self._assess_every()
+        # the first forward of the first restart is the clean forward when it sees the whole clean batch in fp32
+        capture = ctx.restart == 0 and skip is None and not self.amp and self.starts_at_input()
+        start_logits = None
         if skip is not None:  # leave the active set before the first step (one host sync)
             stopped = skip.to(device=v.device, dtype=torch.bool).clone()
             keep = ~stopped
@@ -277,6 +301,8 @@ class IterativeAttack(Attack):
                 if validate and t == 0:  # attacks without clean logits check y on their first forward
                     ctx.shared["validate_y"] = True
                 obj, logits = self.objective(model, v, ctx)
+                if capture and t == 0:
+                    start_logits = logits.detach()
                 last = t == steps - 1
                 need_grad = self.update_after_last or not last
                 g = torch.autograd.grad(obj.sum(), v)[0] if need_grad else None
@@ -291,7 +317,7 @@ class IterativeAttack(Attack):
                 stopped = stopped.index_copy(0, ctx.index, stopped_now)
             if self.keep_best and (t % assess_every == 0 or last):
                 with torch.no_grad():
-                    ok, score = self.assess(model, v, logits, obj, ctx)
+                    ok, score = self._assess_finite(model, v, logits, obj, ctx)
                 cur_ok, cur_score = best_ok[ctx.index], best_score[ctx.index]
                 b = self.better(ok, score, cur_ok, cur_score)
                 best_ok = best_ok.index_copy(0, ctx.index, torch.where(b, ok, cur_ok))
@@ -331,7 +357,7 @@ class IterativeAttack(Attack):
             if self.update_after_last:
                 with torch.no_grad():
                     logits = self.forward(model, self.to_input(out_v, ctx))
-                    ok, score = self.assess(model, out_v, logits, self.logits_objective(logits, ctx), ctx)
+                    ok, score = self._assess_finite(model, out_v, logits, self.logits_objective(logits, ctx), ctx)
                 b = self.better(ok, score, best_ok, best_score)
                 best_ok, best_score = torch.where(b, ok, best_ok), torch.where(b, score.to(best_score.dtype), best_score)
                 best_v = torch.where(_rows(b, out_v), out_v, best_v)
@@ -345,11 +371,12 @@ class IterativeAttack(Attack):
             if track:
                 with torch.no_grad():
                     logits = self.forward(model, self.to_input(final_v, ctx))
-                    ok_final, score_final = self.assess(model, final_v, logits, self.logits_objective(logits, ctx), ctx)
+                    ok_final, score_final = self._assess_finite(model, final_v, logits,
+                                                                self.logits_objective(logits, ctx), ctx)
             else:
                 ok_final = torch.zeros(n, dtype=torch.bool, device=final_v.device)
                 score_final = torch.zeros(n, device=final_v.device)
         with torch.no_grad():
             x_adv = self.to_input(final_v, ctx).detach()
         return EngineOutput(x_adv=x_adv, variable=final_v, admissible=ok_final, score=score_final,
-                            iterations=iterations, trace=None, ctx=ctx)
+                            iterations=iterations, trace=None, ctx=ctx, start_logits=start_logits)

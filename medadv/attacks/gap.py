@@ -55,7 +55,8 @@ def load_generator(path: str | os.PathLike) -> tuple[nn.Module, dict[str, Any]]:
     payload = load_checkpoint(path)
     if "generator_config" not in payload or "gap" not in payload:
         raise ValueError(f"{path} is not a GAP checkpoint (no 'generator_config' entry); write one with GAPTrainer")
-    gen = build_generator(**dict(payload["generator_config"]))
+    with torch.random.fork_rng(devices=[]):  # its initial weights are overwritten: leave the caller's RNG alone
+        gen = build_generator(**dict(payload["generator_config"]))
     gen.load_state_dict(payload["best_state"] if payload.get("best_state") else payload["state_dict"])
     settings = dict(payload["gap"])
     settings["noise"] = payload.get("noise")
@@ -76,7 +77,10 @@ def _build_generator(spec: str | Mapping[str, Any]) -> nn.Module:
     name = args.pop("name", args.pop("kind", "unet"))
     kind = look_up_option(name, _ARCHITECTURES, argument="generator", owner="GAP")
     try:
-        gen = build_generator(kind, **args)
+        # a fresh generator's initial weights are drawn from a fork of the global RNG: the same global seed gives
+        # the same generator, and building the attack does not advance the caller's random stream
+        with torch.random.fork_rng(devices=[]):
+            gen = build_generator(kind, **args)
     except (TypeError, ValueError) as e:
         raise InvalidParameterError(f"`generator` of GAP ({kind!r}): {e}") from None
     _UNTRAINED.add(gen)

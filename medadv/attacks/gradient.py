@@ -95,6 +95,10 @@ class GradientAttack(IterativeAttack):
         assert self.threat is not None
         return ThreatStep(self.threat, self.alpha)
 
+    def starts_at_input(self) -> bool:
+        assert self.threat is not None
+        return not getattr(self, "random_start", False) or self.threat.eps == 0
+
     def init_variable(self, ctx: StepContext, generator: torch.Generator | None) -> Tensor:
         assert self.threat is not None
         if not getattr(self, "random_start", False) or self.threat.eps == 0:

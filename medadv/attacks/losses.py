@@ -64,10 +64,17 @@ def js_divergence(task: Task, logits: Tensor, y: Tensor) -> Tensor:
     :meth:`Task.distributions` (softmax for multi-class and segmentation, the Bernoulli pair per label for
     multi-label). Bounded by ``log 2``, so confidently wrong elements cannot dominate the sum as they do
     under cross-entropy (Croce, Singh, Hein, ECCV 2024); ``0 · log 0 = 0``.
+
+    Value and gradient are finite even where a probability underflows to exactly 0 (saturated softmax, e.g.
+    a model fed HU-range CT): ``torch.xlogy(p, p)`` is 0 there but its backward is ``p / p = 0 / 0 = NaN``,
+    which made APGD's ``js`` loss (and ``auto``'s ``apgd-js`` member) return NaN inputs. Each term is
+    written ``q · (log max(q, tiny) − log max(m, tiny))`` instead: the same value for ``q ≥ tiny``, 0 at
+    ``q = 0``, and a finite derivative everywhere.
     """
     p, t = task.distributions(logits, y)
     m = 0.5 * (p + t)
-    log_m = m.clamp_min(1e-30).log()  # m > 0 wherever p or t is (finite gradients everywhere)
-    kl_p = torch.xlogy(p, p) - p * log_m
-    kl_t = torch.xlogy(t, t) - t * log_m
+    tiny = torch.finfo(p.dtype).tiny
+    log_m = m.clamp_min(tiny).log()  # m > 0 wherever p or t is; the clamp only guards m = 0 (then p = t = 0)
+    kl_p = p * (p.clamp_min(tiny).log() - log_m)
+    kl_t = t * (t.clamp_min(tiny).log() - log_m)
     return 0.5 * (kl_p + kl_t).sum(dim=1)

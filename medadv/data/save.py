@@ -37,7 +37,7 @@ from torch import Tensor
 from ..threats import Box
 
 __all__ = ["save_example", "load_example", "original_dtype", "choose_format", "case_stem", "safe_name", "dicom_source",
-           "EXTENSIONS"]
+           "check_inside", "EXTENSIONS"]
 
 #: file suffix of each format
 EXTENSIONS = {"nifti": ".nii.gz", "png": ".png", "npy": ".npy", "dicom": ".dcm"}
@@ -144,8 +144,31 @@ def choose_format(x: Tensor, box: Box, dtype: np.dtype | None = None) -> tuple[s
     return "npy", None
 
 
+def check_inside(path: str | Path, root: str | Path) -> Path:
+    """``path`` itself, refused (``PermissionError``) when it resolves outside ``root``: a folder or file
+    on the way that is a symbolic link to somewhere else would make a write land there (a shared results
+    folder whose ``adversarial/pgd`` points at someone's data). Links that stay inside ``root``, and a
+    ``root`` that is itself a link, are fine."""
+    p, base = Path(path), Path(root).resolve()
+    target = p.resolve()  # follows every link on the way, existing or dangling
+    if target == base or base in target.parents:
+        return p
+    if p.is_relative_to(root):  # name the link responsible: the first one below root whose target is outside
+        here = Path(root)
+        for part in p.relative_to(root).parts:
+            here = here / part
+            if here.is_symlink():
+                to = here.resolve()
+                if not (to == base or base in to.parents):
+                    raise PermissionError(f"{here} is a symbolic link to {to}, outside the output folder {base}: "
+                                          "medadv does not write through it; remove the link or choose another "
+                                          "output")
+    raise PermissionError(f"{p} resolves to {target}, outside the output folder {base}: medadv does not write there")
+
+
 def save_example(x: Tensor, stem: str | Path, *, box: Box, affine: Tensor | np.ndarray | None = None,
-                 dtype: np.dtype | None = None, width_first: bool = False, source: str | Path | None = None) -> Path:
+                 dtype: np.dtype | None = None, width_first: bool = False, source: str | Path | None = None,
+                 root: str | Path | None = None) -> Path:
     """Write one sample ``x`` ``(C, *spatial)`` (data units) to ``stem`` + the format's suffix; returns the path.
 
     Args:
@@ -159,20 +182,23 @@ def save_example(x: Tensor, stem: str | Path, *, box: Box, affine: Tensor | np.n
         source: the DICOM file (2-D) or series folder (3-D) the sample was read from (:func:`dicom_source`):
             a one-channel sample still on the source's voxel grid (located through ``affine``) is written as
             DICOM, ``stem.dcm`` or, for a series, the folder ``stem`` with one file per slice.
+        root: the output folder: nothing is written (no folder created) through a symbolic link that leads
+            outside it (``PermissionError``, :func:`check_inside`). ``None``: the folder of ``stem``.
     """
+    root = Path(stem).parent if root is None else root
     arr = x.detach().cpu()
     if source is not None and affine is not None and arr.shape[0] == 1 and arr.ndim in (3, 4):
         aff = np.asarray(affine.detach().cpu() if isinstance(affine, Tensor) else affine, dtype=np.float64)
         plan = _dicom_plan(source, aff, tuple(arr.shape[1:]))
         if plan is not None:
-            path = Path(str(stem) + EXTENSIONS["dicom"]) if arr.ndim == 3 else Path(stem)
+            path = check_inside(Path(str(stem) + EXTENSIONS["dicom"]) if arr.ndim == 3 else Path(stem), root)
             path.parent.mkdir(parents=True, exist_ok=True)
             rng = _channel_range(box, arr)
             box_range = (float(rng[0].min()), float(rng[1].max())) if rng is not None else None
             _save_dicom(arr[0].double().numpy(), path, plan, box_range)
             return path
     fmt, bits = choose_format(x, box, dtype)
-    path = Path(str(stem) + EXTENSIONS[fmt])
+    path = check_inside(Path(str(stem) + EXTENSIONS[fmt]), root)
     path.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "npy":
         np.save(path, arr.numpy())

@@ -25,9 +25,14 @@ Conveniences, all documented here and nowhere implicit beyond them:
   for label maps, ``label``) otherwise; a transform with a ``mode`` argument that then applies to the label
   map gets ``mode: [<its default>, nearest]``, so label maps are never interpolated into fractional labels.
 
-Images are read as MONAI reads them: a PNG/JPEG of ``H`` rows and ``W`` columns is a ``(C, W, H)`` array
-(MONAI's first spatial axis is x), the transpose of what PIL and torchvision give; a model trained on
-PIL/torchvision arrays wants ``{name: Transposed, keys: [image], indices: [0, 2, 1]}`` at the end.
+PNG, JPEG and BMP files reach the model as PIL and torchvision give them (``ToTensor``): an image of ``H`` rows
+and ``W`` columns is a ``(C, H, W)`` array, the orientation 2-D models are trained in. MONAI's own PIL reader
+returns the transpose ``(C, W, H)`` (its first spatial axis is x: ``reverse_indexing=True``), so every
+``LoadImaged`` here, the implicit one and one the config names without ``reader`` or ``reverse_indexing``,
+reads these formats with ``reverse_indexing=False``; the images are marked height-first in their metadata
+(:func:`width_first`), which the adversarial examples saved from them follow. A model trained on MONAI's
+layout says ``{name: LoadImaged, keys: [image], reverse_indexing: true}``. NIfTI, DICOM and NumPy files are
+read as MONAI reads them (world-oriented through their affine; NumPy as stored).
 
 Cases stream through a MONAI ``Dataset`` (no cache) and ``DataLoader`` in order: only one batch is in memory.
 Each batch is a dict: ``image`` a float :class:`monai.data.MetaTensor` ``(N, C, *spatial)`` whose ``affine``
@@ -57,11 +62,15 @@ from ..config_schema import ConfigError, CsvData, DatalistData, FilesData, Trans
 from ..params import closest
 
 __all__ = ["DataError", "monai_transforms", "transform_name_error", "list_cases",
-           "build_transforms", "check_source", "make_loader", "data_identity", "case_spacing"]
+           "build_transforms", "check_source", "make_loader", "data_identity", "case_spacing", "width_first",
+           "HEIGHT_FIRST"]
 
 FileSource = FilesData | DatalistData | CsvData
 
 TASK_KINDS = ("segmentation", "multilabel", "multiclass")
+
+#: image metadata key set on the 2-D images medadv's loader read height-first, ``(C, H, W)`` (:func:`width_first`)
+HEIGHT_FIRST = "medadv_height_first"
 
 
 class DataError(ValueError):
@@ -123,6 +132,48 @@ def _quiet() -> Iterator[None]:
         logger.setLevel(level)
 
 
+@functools.cache
+def _height_first_reader() -> type:
+    """MONAI's ``PILReader`` reading height-first (``reverse_indexing=False``), marking what it read
+    (:data:`HEIGHT_FIRST`). Built on first use: this module does not import MONAI at import time."""
+    from monai.data import PILReader
+
+    class HeightFirstPILReader(PILReader):
+        """PNG / JPEG / BMP as PIL and torchvision give them: ``(H, W)`` or ``(H, W, C)``, not MONAI's
+        transpose ``(W, H)``; the metadata say so (:data:`HEIGHT_FIRST`) for whoever writes the image back."""
+
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(reverse_indexing=False, **kwargs)
+
+        def get_data(self, img: Any) -> tuple[Any, dict]:
+            data, header = super().get_data(img)
+            header[HEIGHT_FIRST] = True
+            return data, header
+
+    return HeightFirstPILReader
+
+
+def _read_height_first(loader: Any) -> Any:
+    """``loader`` (a ``LoadImaged``) with the height-first PIL reader registered: MONAI tries the last registered
+    reader first among those that take a file's suffix, so PNG/JPEG/BMP files go to it and every other format
+    to MONAI's own readers, unchanged."""
+    loader.register(_height_first_reader()())
+    return loader
+
+
+def width_first(meta: Mapping[str, Any] | None) -> bool:
+    """Whether a batch's 2-D images, with this (collated) MONAI metadata, are in MONAI's layout ``(C, W, H)``
+    (what ``save_example(..., width_first=...)`` undoes when it writes a PNG): images read by MONAI's
+    ``LoadImage`` defaults are, those medadv's file sources read height-first (:data:`HEIGHT_FIRST`) are not,
+    and a batch without MONAI metadata is not."""
+    if meta is None:
+        return False
+    mark = meta.get(HEIGHT_FIRST) if isinstance(meta, Mapping) else None
+    if mark is None:
+        return True
+    return not bool(torch.as_tensor(mark).all()) if isinstance(mark, Tensor | list | tuple) else not mark
+
+
 def _param_default(cls: type, name: str) -> Any:
     p = inspect.signature(cls).parameters.get(name)
     d = None if p is None or p.default is inspect.Parameter.empty else p.default
@@ -148,7 +199,8 @@ def build_transforms(entries: Sequence[TransformEntry] | None, file_keys: Sequen
     out: list[Any] = []
     if not any(issubclass(table[e.name], LoadImaged) for e in entries):
         with _quiet():
-            out += [LoadImaged(keys=list(file_keys)), EnsureChannelFirstd(keys=list(file_keys))]
+            out += [_read_height_first(LoadImaged(keys=list(file_keys))),
+                    EnsureChannelFirstd(keys=list(file_keys))]
     for i, entry in enumerate(entries):
         cls, args, here = table[entry.name], entry.args(), f"{where}[{i}]"
         if "keys" not in args and _takes(cls, "keys"):
@@ -164,9 +216,12 @@ def build_transforms(entries: Sequence[TransformEntry] | None, file_keys: Sequen
         check_kwargs(cls, args, here)
         try:
             with _quiet():
-                out.append(cls(**args))
+                built = cls(**args)
         except Exception as e:
             raise ConfigError([f"`{here}` ({entry.name}): {_short(e)}"]) from None
+        if issubclass(cls, LoadImaged) and "reader" not in args and "reverse_indexing" not in args:
+            built = _read_height_first(built)  # as the implicit loader: PNG/JPEG height-first
+        out.append(built)
     return out
 
 

@@ -15,10 +15,11 @@ from .saliency import (
     topk_intersection,
 )
 from .segmentation import dice_per_class, hd95_per_class
+from .surface import surface_distance_per_class
 
 __all__ = [
     "accuracy", "roc_auc", "macro_auc", "fooling_rate", "flip_probability",
-    "dice_per_class", "hd95_per_class",
+    "dice_per_class", "hd95_per_class", "surface_distance_per_class",
     "mse", "psnr", "ssim", "lpips",
     "attack_success_rate", "segmentation_asr",
     "map_ssim", "map_pearson", "map_mse", "map_spearman", "topk_intersection", "center_of_mass_shift",

@@ -32,8 +32,8 @@ from ..config_schema import ConfigError
 from ..params import closest
 
 __all__ = ["monai_networks", "resolve_monai", "torchvision_networks", "resolve_torchvision", "no_download",
-           "file_names", "check_file", "import_file", "check_builder", "check_kwargs", "call_builder",
-           "DOWNLOAD_ARGS"]
+           "refuse_downloads", "file_names", "check_file", "import_file", "check_builder", "check_kwargs",
+           "call_builder", "DOWNLOAD_ARGS"]
 
 #: arguments through which MONAI and torchvision networks download weights, and the value that does not
 DOWNLOAD_ARGS: dict[str, Any] = {"weights": None, "weights_backbone": None, "pretrained": False,
@@ -101,19 +101,34 @@ def resolve_torchvision(name: str, where: str = "`model.torchvision`") -> Callab
     return builder
 
 
+def refuse_downloads(kwargs: Mapping[str, Any], where: str) -> None:
+    """Refuse keyword arguments that request pretrained weights (``weights: DEFAULT``, ``pretrained: true``),
+    whatever the builder (MONAI, torchvision, a module path, a file): decided from the names alone, before
+    anything is imported or built.
+
+    medadv runs offline and loads weights from a checkpoint file the user gives. (``progress`` is not one of
+    them: it only draws a bar while a download runs, and none does.)
+    """
+    for arg, off in DOWNLOAD_ARGS.items():
+        if arg in kwargs and kwargs[arg] != off:
+            value = repr(kwargs[arg])
+            value = value if len(value) <= 80 else f"{value[:80]}…({len(value)} chars)"
+            raise ConfigError([f"`{where}.{arg}`: {value} would download weights, and medadv downloads "
+                               f"nothing: give `{arg}: {'null' if off is None else 'false'}` (or leave it out) "
+                               "and your trained weights as `model.checkpoint` (a state dict file)"])
+
+
 def no_download(fn: Callable[..., Any], kwargs: Mapping[str, Any], where: str) -> dict[str, Any]:
     """``kwargs`` with every download argument ``fn`` takes set to the value that downloads nothing.
 
-    A value that would download (``weights: DEFAULT``, ``pretrained: true``) is refused: medadv runs
-    offline and loads weights from a checkpoint file the user gives.
+    A value that would download (``weights: DEFAULT``, ``pretrained: true``) is refused
+    (:func:`refuse_downloads`); a default that would (MONAI's ``EfficientNetBN(pretrained=True)``) is
+    switched off.
     """
+    refuse_downloads(kwargs, where)
     params = _parameters(fn)
     out = dict(kwargs)
     for arg, off in DOWNLOAD_ARGS.items():
-        if arg in out and out[arg] != off:
-            raise ConfigError([f"`{where}.{arg}`: {out[arg]!r} would download weights, and medadv downloads "
-                               f"nothing: give `{arg}: {'null' if off is None else 'false'}` (or leave it out) "
-                               "and your trained weights as `model.checkpoint` (a state dict file)"])
         if params is not None and arg in params:
             out[arg] = off
     return out
@@ -231,9 +246,17 @@ def check_kwargs(fn: Callable[..., Any], kwargs: Mapping[str, Any], where: str, 
 
 def call_builder(fn: Callable[..., Any], kwargs: Mapping[str, Any], where: str) -> nn.Module:
     """``fn(**kwargs)``, which must return an ``nn.Module``; an exception inside is one line naming ``where``."""
+    from ..offline import blocked_in
+
     try:
         model = fn(**kwargs)
     except Exception as e:
+        blocked = blocked_in(e)  # build_model blocks the network while building: say so, not "URLError"
+        if blocked is not None:
+            raise ConfigError([f"{where} tried to connect to {blocked.address} while the model was built: medadv "
+                               "downloads nothing; give the trained weights as `model.checkpoint` (a state dict "
+                               "file) and turn off what fetches them (pretrained weights, a hub or repository "
+                               "id)"]) from e
         raise ConfigError([f"{where}: building the model failed: {_short(e)}"]) from e
     if not isinstance(model, nn.Module):
         raise ConfigError([f"{where} returned a {type(model).__name__}, not an nn.Module"])

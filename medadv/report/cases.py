@@ -10,14 +10,17 @@ prediction** and the **attacked prediction**:
 - 3-D segmentation or any 3-D input: three rows, the three orthogonal slices through the *most-changed
   voxel* (:func:`most_changed_voxel`), with a crosshair on it.
 
-Build cases with :func:`select_cases` (runs one attack and picks the samples it changed most) or
-:func:`make_cases` (from tensors you already have), then pass them to
-:func:`medadv.report.html.write_html_report` (``cases=``) or call :func:`plot_case` yourself.
+Build cases with :func:`select_cases` (runs one attack and picks the samples it changed most),
+:func:`worst_cases` (after :func:`~medadv.evaluation.evaluate`: the samples each attack damaged most
+according to the results table, re-attacked exactly as evaluate attacked them) or :func:`make_cases`
+(from tensors you already have), then pass them to :func:`medadv.report.html.write_html_report`
+(``cases=``) or call :func:`plot_case` yourself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +37,8 @@ if TYPE_CHECKING:
 
     from ..attacks.base import Attack
 
-__all__ = ["Case", "SaliencyPair", "make_cases", "select_cases", "most_changed_voxel", "plot_case"]
+__all__ = ["Case", "SaliencyPair", "make_cases", "select_cases", "worst_cases", "damage", "volume_axis_names",
+           "most_changed_voxel", "plot_case"]
 
 #: colours of segmentation classes 1, 2, ... (background is left transparent); colour-blind-safe (Okabe-Ito)
 SEG_COLOURS = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000")
@@ -255,6 +259,214 @@ def select_cases(
                       axis_names=axis_names)
 
 
+def _metric_column(task: Task) -> str:
+    """The results column of the task's robust metric (``clean_<it>``/``adv_<it>``)."""
+    name = str(getattr(task, "robust_metric_name", "metric"))
+    return "correct" if name == "accuracy" else name
+
+
+def _num(v: Any) -> float:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v == v else float("nan")
+
+
+def _drop(row: Mapping[str, Any], col: str) -> float:
+    d = _num(row.get(f"clean_{col}")) - _num(row.get(f"adv_{col}"))
+    return d if d == d else float("-inf")
+
+
+def damage(task: Task, row: Mapping[str, Any]) -> tuple[float, ...]:
+    """How much the attack damaged one sample (larger is worse), from its row of the results table.
+
+    First the drop of the task's robust metric (clean − attacked: accuracy, exact match, mean Dice), then,
+    to order samples with the same drop, the drop of the finer metric (label accuracy, pixel accuracy),
+    the share of changed voxels or labels (``changed_fraction``, ``flip_rate``) and whether the
+    prediction changed at all.
+    """
+    finer = {"exact_match": "label_accuracy", "mean_dice": "pixel_accuracy"}.get(_metric_column(task))
+    return (_drop(row, _metric_column(task)), _drop(row, finer) if finer else 0.0,
+            _num(row.get("changed_fraction", row.get("flip_rate", 0.0))), float(bool(row.get("changed"))))
+
+
+def volume_axis_names(affine: Tensor | None) -> tuple[str, str, str] | None:
+    """Names of a volume's three array axes from its voxel-to-world affine (RAS world): the slice through an
+    axis along left-right is sagittal, along anterior-posterior coronal, along inferior-superior axial. None
+    when there is no affine or two axes point the same way (an oblique volume)."""
+    if affine is None or tuple(affine.shape[-2:]) != (4, 4):
+        return None
+    world = affine.double()[:3, :3].abs().argmax(dim=0).tolist()  # the world axis each array axis runs along
+    if len(set(world)) != 3:
+        return None
+    planes = ("sagittal", "coronal", "axial")
+    return planes[world[0]], planes[world[1]], planes[world[2]]
+
+
+def _family_of(name: str, attack: Attack) -> str:
+    return name.rsplit("@", 1)[0] if attack.budget is not None and "@" in name else name
+
+
+def _budget_text(budget: float | None) -> str:
+    if budget is None:
+        return ""
+    k = float(budget) * 255
+    frac = f" ({round(k)}/255)" if 0 < k <= 255 and abs(k - round(k)) < 1e-6 else ""
+    return f" ε={float(budget):.4g}{frac}"
+
+
+def worst_cases(
+    model: nn.Module,
+    task: Task,
+    data: Any,
+    attacks: Mapping[str, Attack],
+    results: Any,
+    *,
+    k: int = 2,
+    seed: int | None = None,
+    target_fn: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None,
+    class_names: Sequence[str] | None = None,
+    axis_names: Sequence[str] | None = None,
+    strongest_only: bool = False,
+    max_attacks: int = 6,
+    image_key: str = "image",
+    label_key: str = "label",
+    hd95_unit: str | None = None,
+) -> list[Case]:
+    """The ``k`` samples each attack damaged most in ``results``, re-attacked exactly as
+    :func:`~medadv.evaluation.evaluate` attacked them, as cases to draw.
+
+    Each attack family (``pgd@0.016`` and ``pgd@0.063`` are both ``pgd``) is drawn at its largest budget,
+    families in the order of ``attacks``, at most ``max_attacks`` of them (those with the lowest attacked
+    robust metric when there are more); ``strongest_only``: only the (attack, budget) with the lowest mean
+    attacked robust metric. Samples are ranked by :func:`damage` (the drop of the task's robust metric).
+
+    The samples are found again by iterating ``data`` as evaluate did (same batches, same sample numbers;
+    iteration stops after the last batch needed) and their whole batch is attacked again under the per-batch
+    seed of ``evaluate(seed=...)``, so with the same ``seed`` (and ``target_fn``) the adversarial example is
+    the one the table measured (on CPU: identical; where the attack's robust metric differs from the row's,
+    the case's note says so).
+
+    Args:
+        model, task, data, attacks: what was given to evaluate (``attacks`` by the names in ``results``).
+        results: its :class:`~medadv.results.Results`.
+        k: cases per attack.
+        seed, target_fn: as given to evaluate.
+        class_names: names of the classes / labels.
+        axis_names: names of a volume's three axes; default from each case's affine
+            (:func:`volume_axis_names`), else ``axis 0, 1, 2``.
+        strongest_only, max_attacks: which attacks are drawn (above).
+        image_key, label_key: the keys of a dictionary batch, as given to evaluate.
+        hd95_unit: the unit of the HD95 in the case notes (rows of ``evaluate(hd95=True)``); default ``mm``
+            for batches with an affine (evaluate read the voxel spacing from it), else none.
+    """
+    from ..evaluation import _parse, _sample_hashes, _seeded, _Source, _targeted
+    from ..runtime import attack_mode, forward_tensor, model_device
+
+    if k <= 0 or not len(getattr(results, "rows", ())):
+        return []
+    col = _metric_column(task)
+    by_name: dict[str, list[Mapping[str, Any]]] = {}
+    for r in results.rows:
+        if r.get("attack") in attacks:
+            by_name.setdefault(str(r["attack"]), []).append(r)
+    if not by_name:
+        return []
+
+    def mean_adv(name: str) -> float:
+        vals = [_num(r.get(f"adv_{col}")) for r in by_name[name]]
+        vals = [v for v in vals if v == v]
+        return sum(vals) / len(vals) if vals else float("inf")
+
+    if strongest_only:
+        chosen = [min(by_name, key=mean_adv)]
+    else:
+        largest: dict[str, str] = {}
+        for name in attacks:
+            if name not in by_name:
+                continue
+            fam, budget = _family_of(name, attacks[name]), attacks[name].budget
+            if fam not in largest or (budget is not None and float(budget) > float(attacks[largest[fam]].budget or 0)):
+                largest[fam] = name
+        chosen = list(largest.values())
+        if len(chosen) > max_attacks:
+            keep = set(sorted(chosen, key=mean_adv)[:max_attacks])
+            chosen = [n for n in chosen if n in keep]
+    wanted: dict[str, list[Mapping[str, Any]]] = {}
+    for name in chosen:
+        rows = sorted(by_name[name], key=lambda r: int(r["sample"]))
+        rows = sorted(rows, key=lambda r: damage(task, r), reverse=True)  # stable: ties by sample number
+        wanted[name] = rows[:k]
+    need = {int(r["sample"]) for rows in wanted.values() for r in rows}
+    device = model_device(model)
+    found: dict[tuple[str, int], Case] = {}
+    for b, offset, raw in _Source(data, None, image_key, label_key):
+        if not need:
+            break
+        batch = _parse(raw, task, image_key, label_key)
+        if batch.x.ndim < 3:  # feature vectors (N, F): there is no image to draw
+            return []
+        ids = range(offset, offset + int(batch.x.shape[0]))
+        here = need & set(ids)
+        if not here:
+            continue
+        need -= here
+        x_d, y_d = batch.x.to(device), batch.y.to(device)
+        # the row's sample must be this data (a shuffling loader would put other samples at these numbers);
+        # evaluate hashed the batch where it had it: on the host, or on an accelerator
+        hashes = [set(h) for h in zip(_sample_hashes(batch.x, batch.y, batch.extras()), *(
+            [_sample_hashes(x_d, y_d, batch.extras())] if x_d.device.type != "cpu" else []), strict=True)]
+        with attack_mode(model), torch.no_grad():
+            clean_logits = forward_tensor(model, x_d)
+        for name in chosen:
+            local = []
+            for r in wanted[name]:
+                if int(r["sample"]) not in here:
+                    continue
+                if r.get("data") is not None and r["data"] not in hashes[int(r["sample"]) - offset]:
+                    warnings.warn(f"worst_cases: sample {r['sample']} of `data` is not the data of its row in the "
+                                  "results (a shuffled or changed data source?): not drawn", RuntimeWarning,
+                                  stacklevel=2)
+                    continue
+                local.append(int(r["sample"]) - offset)
+            if not local:
+                continue
+            atk = attacks[name]
+            with _seeded(seed, f"{b}:{name}:{atk.budget}", device):  # the key evaluate() seeds this batch with
+                target = target_fn(x_d, y_d, clean_logits) if target_fn is not None and _targeted(atk) else y_d
+                res = atk(model, x_d, target, clean_logits=clean_logits)
+            for i in local:
+                sample = offset + i
+                row = next(r for r in wanted[name] if int(r["sample"]) == sample)
+                aff = batch.affine[i] if batch.affine is not None else None
+                axes = axis_names if axis_names is not None else volume_axis_names(aff)
+                (case,) = make_cases(task, batch.x, res.x_adv, clean_logits, res.logits, batch.y, indices=[i],
+                                     class_names=class_names, axis_names=axes)
+                cid = str(row.get("case_id", sample))
+                who = f"case {cid}" + (f" (sample {sample})" if cid != str(sample) else "")
+                case.title = f"{_family_of(name, atk)}{_budget_text(atk.budget)} · {who}"
+                unit = hd95_unit if hd95_unit is not None else "mm" if batch.affine is not None else ""
+                case.note = _row_note(task, row, res.logits[i : i + 1], y_d[i : i + 1], case.note, unit)
+                found[(name, sample)] = case
+    return [found[(name, int(r["sample"]))] for name in chosen for r in wanted[name]
+            if (name, int(r["sample"])) in found]
+
+
+def _row_note(task: Task, row: Mapping[str, Any], adv_logits: Tensor, y: Tensor, note: str, unit: str = "") -> str:
+    """The case's metric line, plus HD95 from its row (when computed) and a warning when the re-attack's
+    robust metric is not the one in the table (a non-deterministic attack or another seed)."""
+    col = _metric_column(task)
+    extra = []
+    ch, ah = row.get("clean_hd95"), row.get("adv_hd95")
+    if isinstance(ch, list) and isinstance(ah, list):
+        c = [float(v) for v in ch if isinstance(v, int | float) and v == v and v != float("inf")]
+        a = [float(v) for v in ah if isinstance(v, int | float) and v == v and v != float("inf")]
+        if c and a:
+            extra.append(f"mean HD95 {sum(c) / len(c):.1f} → {sum(a) / len(a):.1f}" + (f" {unit}" if unit else ""))
+    table = _num(row.get(f"adv_{col}"))
+    again = float(task.robust_metric(adv_logits.float(), y)[0])
+    if table == table and abs(table - again) > 1e-4:
+        extra.append(f"re-attacked: {col.replace('_', ' ')} {again:.3f}, table {table:.3f}")
+    return " · ".join([note, *extra]) if note else " · ".join(extra)
+
+
 # --- the most-changed voxel --------------------------------------------------------------------------------------
 def most_changed_voxel(case: Case) -> tuple[int, ...]:
     """The spatial index the 3-D figure slices through.
@@ -349,10 +561,18 @@ def _prob_bars(ax: Axes, case: Case, scores: Tensor | None, pred: Tensor, title:
     if case.kind == "multilabel":
         ax.axvline(0.5, color="#D55E00", lw=0.8, ls="--")
         pos = ", ".join(names[j] for j in range(k) if float(pred[j]) >= 0.5) or "none"
-        ax.set_title(f"{title}\npositive: {pos}", fontsize=8)
+        ax.set_title(f"{title}\n" + _wrap(f"positive: {pos}", 42), fontsize=8)
     else:
         ax.set_title(f"{title}\n→ {names[int(pred)]}", fontsize=8)
     ax.set_xlabel("probability", fontsize=7)
+
+
+def _wrap(text: str, width: int) -> str:
+    """``text`` broken into lines of at most ``width`` characters (at spaces), so a long list of labels stays
+    above its own panel."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width, break_long_words=False)) or text
 
 
 def _off(ax: Axes) -> None:
@@ -422,7 +642,10 @@ def plot_case(case: Case, path: str | Path | None = None, *, dpi: int = 110) -> 
             axes[0][2].set_title(f"clean prediction\n→ {fmt(case.clean)}", fontsize=9)
             axes[0][3].set_title(f"attacked prediction\n→ {fmt(case.adv)}", fontsize=9)
     else:
-        fig, axes = plt.subplots(1, ncol, figsize=(2.6 * ncol, 3.0 + 0.5 * (not seg)), squeeze=False)
+        # classification: the score panels are wider (their label names stand beside the bars)
+        widths = [1.0] * ncol if seg else [1.0, 1.0, 1.6, 1.6]
+        fig, axes = plt.subplots(1, ncol, figsize=(2.6 * sum(widths), 3.0 + 0.7 * (not seg)), squeeze=False,
+                                 gridspec_kw={"width_ratios": widths})
         row = axes[0]
         img, img_kw = _display(case.x)
         row[0].imshow(img.numpy(), **img_kw)
@@ -432,7 +655,7 @@ def plot_case(case: Case, path: str | Path | None = None, *, dpi: int = 110) -> 
                                else int(case.label.numel()) if case.kind == "multilabel" else int(case.label) + 1)
             truth = names[int(case.label)] if case.kind == "multiclass" else \
                 ", ".join(n for n, v in zip(names, case.label.tolist(), strict=False) if v >= 0.5) or "none"
-        row[0].set_title("image" + (f"\ntrue: {truth}" if truth else ""), fontsize=9)
+        row[0].set_title("image" + ("\n" + _wrap(f"true: {truth}", 30) if truth else ""), fontsize=8 if truth else 9)
         row[1].imshow(_delta_plane(delta).numpy(), **delta_kw)
         row[1].set_title(pert_title, fontsize=9)
         _off(row[0])

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..results import DETAIL_PREFIX, ENSEMBLE_DETAILS, Results, summary_columns
-from .cases import Case, SaliencyPair, plot_case
+from .cases import SEG_COLOURS, Case, SaliencyPair, plot_case
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -364,13 +364,14 @@ def _curves(results: Results, summary: list[dict[str, Any]], metric: str, class_
         for ax, (fam, rs) in zip(axes, fams.items(), strict=False):
             k = len(rs[0][f"adv_{per}"])
             names = list(class_names)[:k] if class_names and len(class_names) >= k else [str(j) for j in range(k)]
-            for j in range(k):
+            for j in _counted(results.meta, k):  # the background only when the mean Dice counts it
                 c0 = _mean(r[f"clean_{per}"][j] for r in rs)
                 ys = [r[f"adv_{per}"][j] for r in rs]
                 if _nan(c0) and all(_nan(y) for y in ys):  # a class the metric leaves out
                     continue
                 ax.plot([0.0] + [float(r["budget"]) for r in rs], [c0] + [math.nan if _nan(y) else y for y in ys],
-                        marker=".", color=PALETTE[j % len(PALETTE)], label=names[j])
+                        marker=".", label=names[j],  # a class has the colour of its label in the case figures
+                        color=SEG_COLOURS[(j - 1) % len(SEG_COLOURS)] if j else "#777777")
             _style(ax, "budget ε", _METRIC_NAMES.get(per, per), fam)
             ax.set_ylim(-0.02, 1.02)
         _legend_top(fig, axes[0])
@@ -380,45 +381,114 @@ def _curves(results: Results, summary: list[dict[str, Any]], metric: str, class_
     return blocks
 
 
-def _per_class_values(results: Results, metric: str) -> tuple[str, dict[tuple[Any, Any], tuple[list[float], list[float]]]]:
-    """Per (attack, budget): per-class clean and attacked values (Dice, recall or per-label accuracy)."""
-    out: dict[tuple[Any, Any], tuple[list[float], list[float]]] = {}
+#: per (attack, budget): per class, the per-sample values clean and attacked (None: undefined for that sample)
+PerClass = dict[tuple[Any, Any], tuple[list[list[Any]], list[list[Any]]]]
+
+
+def _per_class_samples(results: Results, metric: str) -> tuple[str, PerClass]:
+    """Per (attack, budget): per-class per-sample clean and attacked values (Dice, recall or per-label
+    accuracy); their means are the per-class results, their spread the confidence intervals."""
+    out: PerClass = {}
     groups = results.groups()
     first = results.rows[0]
     if isinstance(first.get("adv_dice"), list):
         for key, rows in groups.items():
             k = len(rows[0]["adv_dice"])
-            out[key] = ([_mean(r["clean_dice"][j] for r in rows) for j in range(k)],
-                        [_mean(r["adv_dice"][j] for r in rows) for j in range(k)])
+            out[key] = ([[r["clean_dice"][j] for r in rows] for j in range(k)],
+                        [[r["adv_dice"][j] for r in rows] for j in range(k)])
         return "Dice", out
     if metric == "correct" and "label" in first:
         k = 1 + max(max(int(r["label"]), int(r["clean_pred"]), int(r["adv_pred"])) for r in results.rows)
         for key, rows in groups.items():
-            vals: tuple[list[float], list[float]] = ([], [])
+            vals: tuple[list[list[Any]], list[list[Any]]] = ([], [])
             for j in range(k):
                 sel = [r for r in rows if int(r["label"]) == j]
-                vals[0].append(_mean(float(r["clean_pred"] == j) for r in sel))
-                vals[1].append(_mean(float(r["adv_pred"] == j) for r in sel))
+                vals[0].append([float(r["clean_pred"] == j) for r in sel])
+                vals[1].append([float(r["adv_pred"] == j) for r in sel])
             out[key] = vals
         return "recall", out
     if metric == "label_accuracy" and isinstance(first.get("label"), list):
         k = len(first["label"])
         for key, rows in groups.items():
-            out[key] = ([_mean(float(r["clean_pred"][j] == r["label"][j]) for r in rows) for j in range(k)],
-                        [_mean(float(r["adv_pred"][j] == r["label"][j]) for r in rows) for j in range(k)])
+            out[key] = ([[float(r["clean_pred"][j] == r["label"][j]) for r in rows] for j in range(k)],
+                        [[float(r["adv_pred"][j] == r["label"][j]) for r in rows] for j in range(k)])
         return "label accuracy", out
     return "", out
 
 
+def _per_class_values(results: Results, metric: str) -> tuple[str, dict[tuple[Any, Any], tuple[list[float], list[float]]]]:
+    """Per (attack, budget): per-class clean and attacked means (Dice, recall or per-label accuracy)."""
+    what, samples = _per_class_samples(results, metric)
+    return what, {key: ([_mean(v) for v in c], [_mean(v) for v in a]) for key, (c, a) in samples.items()}
+
+
+def _hd95_samples(results: Results) -> PerClass:
+    """Per (attack, budget): per-class per-sample HD95 clean and attacked (rows of ``evaluate(hd95=True)``)."""
+    out: PerClass = {}
+    for key, rows in results.groups().items():
+        if not all(isinstance(r.get("clean_hd95"), list) and isinstance(r.get("adv_hd95"), list) for r in rows):
+            continue
+        k = len(rows[0]["adv_hd95"])
+        out[key] = ([[r["clean_hd95"][j] for r in rows] for j in range(k)],
+                    [[r["adv_hd95"][j] for r in rows] for j in range(k)])
+    return out
+
+
+def _counted(meta: Mapping[str, Any], k: int) -> list[int]:
+    """The classes a segmentation's mean Dice counts: all but the background (class 0) when the task leaves it
+    out (``include_background=False`` in ``meta["task"]``, the task's repr that evaluate records)."""
+    return list(range(1, k)) if "include_background=False" in str(meta.get("task", "")) else list(range(k))
+
+
+def _hd95_unit(meta: Mapping[str, Any]) -> str:
+    """``mm`` when the run read voxel spacings (a config with ``spacing`` or a file source), else a hedge."""
+    settings = meta.get("settings")
+    if isinstance(settings, Mapping):
+        data = settings.get("data")
+        if settings.get("spacing") is not None or (isinstance(data, Mapping)
+                                                   and data.get("source") in ("files", "datalist", "csv")):
+            return "mm"
+    return "mm or voxels"
+
+
+def ci95(values: Iterable[Any], *, resamples: int = 2000, seed: int = 0) -> tuple[float, float] | None:
+    """A 95 % bootstrap confidence interval of the mean of ``values`` (None/NaN left out; percentile method,
+    a fixed seed so the report is reproducible); None for fewer than two values."""
+    import numpy as np
+
+    v = np.array([float(x) for x in values if not _nan(x)], dtype=np.float64)
+    if v.size < 2:
+        return None
+    idx = np.random.default_rng(seed).integers(0, v.size, size=(resamples, v.size))
+    means = v[idx].mean(axis=1)
+    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def fmt_ci(ci: tuple[float, float] | None, digits: int = 3) -> str:
+    """``0.412–0.530`` (or ``–`` without an interval)."""
+    return "–" if ci is None else f"{fmt(ci[0], digits)}–{fmt(ci[1], digits)}"
+
+
 def _bars(ax: Any, names: Sequence[str], series: Sequence[tuple[str, Sequence[Any]]], ylabel: str = "",
-          title: str = "", ylim: tuple[float, float] | None = (0.0, 1.0)) -> None:
+          title: str = "", ylim: tuple[float, float] | None = (0.0, 1.0),
+          errors: Sequence[Sequence[tuple[float, float] | None]] | None = None) -> None:
+    """Grouped bars, one group per name, one bar per series; ``errors``: per series, per name, an interval
+    (e.g. :func:`ci95`) drawn as an error bar."""
     n = len(series)
     width = 0.8 / max(n, 1)
     for i, (label, vals) in enumerate(series):
         xs = [j + (i - (n - 1) / 2) * width for j in range(len(names))]
         colour = "#999999" if label == "clean" else PALETTE[(i - 1) % len(PALETTE)] if series[0][0] == "clean" \
             else PALETTE[i % len(PALETTE)]
-        ax.bar(xs, [0.0 if _nan(v) else v for v in vals], width=width, label=label, color=colour)
+        heights = [0.0 if _nan(v) else float(v) for v in vals]
+        ax.bar(xs, heights, width=width, label=label, color=colour)
+        if errors is not None and i < len(errors):
+            pts = [(x, h, e) for x, h, e, v in zip(xs, heights, errors[i], vals, strict=False)
+                   if e is not None and not _nan(v)]
+            if pts:
+                ax.errorbar([x for x, _, _ in pts], [h for _, h, _ in pts], fmt="none", ecolor="#333333",
+                            elinewidth=0.9, capsize=2.5,
+                            yerr=[[max(0.0, h - e[0]) for _, h, e in pts], [max(0.0, e[1] - h) for _, h, e in pts]])
     ax.set_xticks(range(len(names)))
     rot = 30 if max(map(len, names), default=0) > 6 or len(names) > 8 else 0
     ax.set_xticklabels(names, rotation=rot, ha="right" if rot else "center", fontsize=8)
@@ -437,39 +507,171 @@ def _legend_top(fig: Any, ax: Any, ncol: int = 6) -> None:
     fig.tight_layout(rect=(0, 0, 1, 1 - (0.08 + 0.22 * rows) / fig.get_figheight()))
 
 
-def _per_class_section(results: Results, metric: str, class_names: Sequence[str] | None) -> Section | None:
-    what, vals = _per_class_values(results, metric)
-    if not vals:
-        return None
-    k = len(next(iter(vals.values()))[0])
-    names = list(class_names)[:k] if class_names and len(class_names) >= k else [str(j) for j in range(k)]
-    # classes the metric leaves out (e.g. the background of a Dice without it) are not drawn
-    keep = [j for j in range(k) if any(not _nan(v) for c, a in vals.values() for v in (c[j], a[j]))]
-    vals = {key: ([c[j] for j in keep], [a[j] for j in keep]) for key, (c, a) in vals.items()}
-    names, k = [names[j] for j in keep], len(keep)
-    # per attack: its largest budget (the clearest effect); attacks without budget as they are
+def _largest_budgets(keys: Iterable[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    """Per attack family its largest budget (the clearest effect); attacks without budget as they are."""
     last: dict[Any, tuple[Any, Any]] = {}
-    for attack, budget in vals:
+    for attack, budget in keys:
         fam = _family(attack)
         if fam not in last or _budget_sort(budget) > _budget_sort(last[fam][1]):
             last[fam] = (attack, budget)
-    keys = list(last.values())
+    return list(last.values())
+
+
+def _per_class_section(results: Results, metric: str, class_names: Sequence[str] | None) -> Section | None:
+    what, samples = _per_class_samples(results, metric)
+    if not samples:
+        return None
+    vals = {key: ([_mean(v) for v in c], [_mean(v) for v in a]) for key, (c, a) in samples.items()}
+    k = len(next(iter(vals.values()))[0])
+    names = list(class_names)[:k] if class_names and len(class_names) >= k else [str(j) for j in range(k)]
+    # classes the metric leaves out (e.g. the background of a Dice without it) are not drawn
+    counted = _counted(results.meta, k) if what == "Dice" else list(range(k))
+    keep = [j for j in counted if any(not _nan(v) for c, a in vals.values() for v in (c[j], a[j]))]
+    vals = {key: ([c[j] for j in keep], [a[j] for j in keep]) for key, (c, a) in vals.items()}
+    cis = {key: ([ci95(c[j]) for j in keep], [ci95(a[j]) for j in keep]) for key, (c, a) in samples.items()}
+    hd = _hd95_samples(results)
+    hd = {key: ([c[j] for j in keep if j < len(c)], [a[j] for j in keep if j < len(a)]) for key, (c, a) in hd.items()}
+    names, k = [names[j] for j in keep], len(keep)
+    keys = _largest_budgets(vals)
     fig, axes = _grid(len(keys), 3, min(6.0, max(3.4, 0.45 * k + 1.6)), 2.7)
     for ax, key in zip(axes, keys, strict=False):
         c, a = vals[key]
-        _bars(ax, names, [("clean", c), ("attacked", a)], what, _key(*key))
+        _bars(ax, names, [("clean", c), ("attacked", a)], what, _key(*key), errors=list(cis[key]))
     _legend_top(fig, axes[0])
+    blocks: list[Any] = [figure_image(fig, f"per-class {what}, clean vs attacked, one panel per attack",
+                                      "Bars: the mean over the cases; whiskers: its 95% bootstrap confidence "
+                                      "interval (wide when there are few cases).")]
+    unit = _hd95_unit(results.meta)
+    hd_keys = [key for key in keys if key in hd]
+    if hd_keys:
+        fig, axes = _grid(len(hd_keys), 3, min(6.0, max(3.4, 0.45 * k + 1.6)), 2.7)
+        for ax, key in zip(axes, hd_keys, strict=False):
+            hc, ha = hd[key]
+            _bars(ax, names, [("clean", [_mean(v) for v in hc]), ("attacked", [_mean(v) for v in ha])],
+                  f"HD95 ({unit})", _key(*key), None, errors=[[ci95(v) for v in hc], [ci95(v) for v in ha]])
+            ax.set_ylim(bottom=0)
+        _legend_top(fig, axes[0])
+        blocks.append(figure_image(fig, "per-class HD95, clean vs attacked, one panel per attack",
+                                   f"95th-percentile Hausdorff distance ({unit}) per class, mean over the cases with "
+                                   "whiskers for its 95% bootstrap interval; lower is better. A case where the class is "
+                                   "missing from the prediction has no HD95 and is left out of the mean (counted "
+                                   "in the table as undefined)."))
     table_rows = []
     for key in sorted(vals, key=lambda kb: (str(kb[0]), _budget_sort(kb[1]))):
         c, a = vals[key]
         for j in range(k):
-            table_rows.append({"attack": _family(key[0]), "budget": key[1], "class": names[j], f"clean {what}": c[j],
-                               f"attacked {what}": a[j], "drop": None if _nan(c[j]) or _nan(a[j]) else c[j] - a[j]})
+            row: dict[str, Any] = {
+                "attack": _family(key[0]), "budget": key[1], "class": names[j], f"clean {what}": c[j],
+                f"attacked {what}": a[j], "95% CI": fmt_ci(cis[key][1][j]),
+                "drop": None if _nan(c[j]) or _nan(a[j]) else c[j] - a[j]}
+            if key in hd and j < len(hd[key][0]):
+                hc, ha = hd[key][0][j], hd[key][1][j]
+                row.update({"clean HD95": _mean(hc), "attacked HD95": _mean(ha), "HD95 CI": fmt_ci(ci95(ha), 2),
+                            "HD95 undefined": f"{sum(_nan(v) for v in hc)} / {sum(_nan(v) for v in ha)} of {len(ha)}"})
+            table_rows.append(row)
+    caption = f"per-class {what}" + (f" and HD95 ({unit})" if hd_keys else "") + " for every attack and budget"
+    blocks.append(_plain_table(table_rows, caption, collapsed=len(table_rows) > 24))
+    said = ("<i>95% CI</i> is the 95% bootstrap confidence interval of the attacked mean over the cases"
+            + ("; <i>HD95 CI</i> the same for the attacked HD95; <i>HD95 undefined</i> counts the cases without an "
+               "HD95 (the class absent from the label or the prediction), clean / attacked" if hd_keys else ""))
     return Section("per-class", "Per-class results",
-                   f"Per-class {what}, clean (grey) vs attacked, for each attack at its largest budget. "
-                   "A class that loses much more than the others is the weak spot of the model.",
-                   [figure_image(fig, f"per-class {what}, clean vs attacked, one panel per attack"),
-                    _plain_table(table_rows, f"per-class {what} for every attack and budget", collapsed=True)])
+                   f"Per-class {what}" + (f" and HD95 ({unit})" if hd_keys else "") + ", clean (grey) vs attacked, "
+                   "for each attack at its largest budget. A class that loses much more than the others is the weak "
+                   f"spot of the model. {said}.", blocks)
+
+
+#: the config's sections in the order a reader looks for them; the others follow in their own order
+_SETTING_ORDER = ("model", "task", "data", "inference", "threat", "budgets", "attacks", "target", "batch_size",
+                  "seed", "hd95", "spacing", "save_adversarial", "studies")
+_META_NAMES = {"task": "task (as built)", "config": "config file", "model": "model", "classes": "class names",
+               "config_fingerprint": "config fingerprint"}
+
+
+def _setting_value(key: str, v: Any) -> str:
+    """One setting as text: budgets as fractions of 255, mappings as ``key: value`` pairs, lists of
+    mappings (attacks, transforms) one entry per line, ``name`` first."""
+    if isinstance(v, Mapping):
+        items = [(k, x) for k, x in v.items() if x is not None and x != {} and x != []]
+        if "name" in v:  # an attack / transform entry: `pgd (steps 10)`
+            rest = ", ".join(f"{k} {_setting_value(k, x)}" for k, x in items if k != "name")
+            return f"{v['name']}" + (f" ({rest})" if rest else "")
+        return ", ".join(f"{k}: {_setting_value(k, x)}" for k, x in items)
+    if isinstance(v, list | tuple):
+        if key == "budgets":
+            return ", ".join(fmt_budget(b) for b in v)
+        if any(isinstance(x, Mapping) for x in v):
+            return "\n".join(_setting_value(key, x) for x in v)
+        return "[" + ", ".join(_setting_value(key, x) for x in v) + "]"
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return fmt(v)
+
+
+def _settings_table(meta: Mapping[str, Any]) -> Table:
+    """The run's settings as a two-column table: the config (``meta["settings"]``) one row per setting, a
+    section of several keys one row per key (``model · kwargs``), then the rest of ``meta``."""
+    rows: list[tuple[str, str]] = []
+    settings = meta.get("settings")
+    if isinstance(settings, Mapping):
+        keys = [k for k in _SETTING_ORDER if k in settings] + [k for k in settings if k not in _SETTING_ORDER]
+        for k in keys:
+            v = settings[k]
+            if v is None or v == [] or v == {}:
+                continue
+            if isinstance(v, Mapping) and "name" not in v:
+                for sub, x in v.items():
+                    if x is not None and x != {} and x != []:
+                        rows.append((f"{k} · {sub}", _setting_value(sub, x)))
+            else:
+                rows.append((str(k), _setting_value(str(k), v)))
+    for k, v in meta.items():
+        if isinstance(settings, Mapping) and (k == "settings" or (k == "model" and "model" in settings) or (
+                k == "classes" and isinstance(settings.get("task"), Mapping) and settings["task"].get("class_names"))):
+            continue  # the config's rows say it already
+        rows.append((_META_NAMES.get(k, str(k)), _setting_value(str(k), v) if not isinstance(v, str) else v))
+    return Table([Cell("setting"), Cell("value")], [[Cell(k, "key"), Cell(v, "wrap")] for k, v in rows])
+
+
+def _spread_figure(results: Results, summary: list[dict[str, Any]], metric: str) -> Image | None:
+    """Box plots of the per-case headline metric: clean, then each attack (at every budget when there are
+    at most 10 settings, else at its largest); None for a 0/1 metric (accuracy, exact match), whose spread
+    the confidence interval says, or with fewer than 3 cases."""
+    groups = results.groups()
+    values = {key: [float(r[f"adv_{metric}"]) for r in rows if not _nan(r.get(f"adv_{metric}"))]
+              for key, rows in groups.items()}
+    if not values or max(len(v) for v in values.values()) < 3:
+        return None
+    if all(v in (0.0, 1.0) for vs in values.values() for v in vs):
+        return None
+    keys = [(r["attack"], r["budget"]) for rs in _by_family(summary).values() for r in rs]
+    if len(keys) > 10:
+        keys = _largest_budgets(keys)
+    first = next(iter(groups.values()))
+    clean = [float(r[f"clean_{metric}"]) for r in first if not _nan(r.get(f"clean_{metric}"))]
+    data = [clean] + [values.get(k, []) for k in keys]
+    labels = ["clean"] + [_key(*k) for k in keys]
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.6, 0.9 + 0.36 * len(data)))
+    pos = list(range(len(data), 0, -1))  # clean on top
+    box = ax.boxplot(data, positions=pos, vert=False, widths=0.6, patch_artist=True, showmeans=True,
+                     meanprops=dict(marker="D", markerfacecolor="white", markeredgecolor="#333333", markersize=4),
+                     medianprops=dict(color="#333333"), flierprops=dict(marker=".", markersize=4, alpha=0.6))
+    fams = list(dict.fromkeys(_family(k[0]) for k in keys))
+    colours = ["#BBBBBB"] + [PALETTE[fams.index(_family(k[0])) % len(PALETTE)] for k in keys]
+    for patch, colour in zip(box["boxes"], colours, strict=True):
+        patch.set_facecolor(colour)
+        patch.set_alpha(0.75)
+    for y, vs in zip(pos, data, strict=True):  # every case as a dot: with few cases the box alone misleads
+        ax.scatter(vs, [y] * len(vs), s=7, color="#222222", alpha=0.5, zorder=3)
+    ax.set_yticks(pos)
+    ax.set_yticklabels(labels, fontsize=8)
+    name = _METRIC_NAMES.get(metric, metric)
+    _style(ax, f"{name} per case", "", f"{name} per case: spread over the {len(clean)} cases")
+    ax.grid(axis="y", visible=False)
+    fig.tight_layout()
+    return figure_image(fig, f"per-case spread of {metric}, clean and per attack",
+                        "One box per setting: median (line), mean (diamond), quartiles (box), 1.5 IQR (whiskers), "
+                        "each case a dot. A mean can hide a few cases that break completely.")
 
 
 def _results_sections(results: Results, class_names: Sequence[str] | None) -> list[Section]:
@@ -482,8 +684,7 @@ def _results_sections(results: Results, class_names: Sequence[str] | None) -> li
     if findings:
         sections.append(Section("findings", "Key findings", "", [Bullets(findings, "findings")]))
     if results.meta:
-        sections.append(Section("settings", "Settings", "", [Table(
-            [Cell("setting"), Cell("value")], [[Cell(str(k)), Cell(fmt(v))] for k, v in results.meta.items()])]))
+        sections.append(Section("settings", "Settings", "", [_settings_table(results.meta)]))
 
     cols = [c for c in summary_columns(summary) if not c.startswith(DETAIL_PREFIX)]
     cols = [c for c in cols if not any(isinstance(r.get(c), list) for r in summary)]  # per-class: own section
@@ -491,14 +692,23 @@ def _results_sections(results: Results, class_names: Sequence[str] | None) -> li
     # the compact table: the headline metric clean and attacked, its change, how much changed, the size of
     # the perturbation; every other mean column is in the full table below it
     compact: list[dict[str, Any]] = []
+    groups = results.groups()
     for r in rows:
         row = {"attack": _family(r["attack"]), "budget": r["budget"]}
         if metric:
             c, a = r.get(f"clean_{metric}"), r.get(f"adv_{metric}")
             row.update({f"clean_{metric}": c, f"adv_{metric}": a,
+                        f"adv_{metric}_ci95": fmt_ci(ci95(x.get(f"adv_{metric}")
+                                                          for x in groups.get((r["attack"], r["budget"]), []))),
                         "change": None if _nan(c) or _nan(a) else a - c})
+        if isinstance(r.get("clean_hd95"), list) and isinstance(r.get("adv_hd95"), list):
+            # over the classes the mean Dice counts (HD95 is computed for the background too)
+            keep = _counted(results.meta, len(r["clean_hd95"]))
+            row.update({f"{w}_hd95": _mean(r[f"{w}_hd95"][j] for j in keep if j < len(r[f"{w}_hd95"]))
+                        for w in ("clean", "adv")})
         for col in ("changed_fraction", "changed", "fooled", "linf", "n"):
-            if col in r:
+            # `changed` (any voxel) says little next to the share of changed voxels: in the full table
+            if col in r and not (col == "changed" and "changed_fraction" in r):
                 row[col] = r[col]
         compact.append(row)
     ccols = list(dict.fromkeys(k for r in compact for k in r))
@@ -512,14 +722,27 @@ def _results_sections(results: Results, class_names: Sequence[str] | None) -> li
         if h.title == "change":
             for trow in table.rows:
                 trow[i].cls += " neg" if trow[i].text.startswith("-") else ""
+    for h in table.headers:  # short headers: the table should fit the page
+        if h.title.endswith("_ci95"):
+            h.text = "95% CI"
+        elif h.title in ("clean_hd95", "adv_hd95"):
+            h.text = "HD95 clean" if h.title == "clean_hd95" else "HD95 attacked"
     glossary = {"changed_fraction": "the share of voxels whose label the attack changed",
                 "changed": "the share of samples whose prediction changed",
                 "fooled": "the share of samples the attack counts as fooled (the task's test)",
-                "linf": "the largest change of one input value"}
-    said = "; ".join(f"<i>{metric_label(k)}</i> is {v}" for k, v in glossary.items() if k in ccols)
+                "linf": "the largest change of one input value",
+                f"adv_{metric}_ci95": "the 95% bootstrap confidence interval of the attacked mean over the cases",
+                "clean_hd95": f"the 95th-percentile Hausdorff distance in {_hd95_unit(results.meta)}, mean over the "
+                              "classes and cases (lower is better; see the per-class results)"}
+    shown = {h.title: h.text for h in table.headers}
+    said = "; ".join(f"<i>{shown.get(k, metric_label(k))}</i> is {v}" for k, v in glossary.items() if k in ccols)
+    blocks: list[Any] = [table]
+    spread = _spread_figure(results, summary, metric) if metric else None
+    if spread is not None:
+        blocks.append(spread)
+    blocks.append(_table(rows, cols, "every mean column, per attack and budget", collapsed=True))
     sections.append(Section("summary", "Summary", f"Clean vs attacked {metric_label(metric or 'metric')} for every "
-                            f"attack and budget; <i>change</i> is attacked − clean. {said}.",
-                            [table, _table(rows, cols, "every mean column, per attack and budget", collapsed=True)]))
+                            f"attack and budget; <i>change</i> is attacked − clean. {said}.", blocks))
     if metric:
         curves = _curves(results, summary, metric, class_names)
         if curves:
@@ -916,7 +1139,8 @@ def _case_section(cases: Sequence[Case | Figure]) -> Section:
         else:
             blocks.append(figure_image(c, "case figure"))
     return Section("cases", "Cases",
-                   "A few samples the attack changed most: the image, the perturbation (amplified: its colour range "
+                   "The samples the attacks damaged most (largest drop of the robust metric; each figure names its "
+                   "attack and budget): the image, the perturbation (amplified: its colour range "
                    "is stretched to its largest value, so an invisible change becomes visible), and the prediction "
                    "before and after. Volumes show three orthogonal slices through the voxel whose prediction "
                    "changed most (crosshair).", blocks)

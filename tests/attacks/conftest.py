@@ -420,13 +420,15 @@ def prepare_model(model: nn.Module) -> nn.Module:
 
 
 @pytest.fixture
-def factory() -> Any:
-    """The helpers above, for the test module (conftest helpers are not importable under importlib mode)."""
+def factory(device: torch.device) -> Any:
+    """The helpers above, for the test module (conftest helpers are not importable under importlib mode), and the
+    ``--device`` the conformance runs use."""
 
     class F:
         pass
 
     f = F()
+    f.device = device
     for k, v in {
         "Case": Case, "first_case": first_case, "candidates": candidates, "model_state": model_state,
         "prepare_model": prepare_model, "make_threat": make_threat, "make_box": make_box, "EPS": EPS,

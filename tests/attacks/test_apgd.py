@@ -375,3 +375,64 @@ def test_weight_focuses_the_margin_on_chosen_labels(trained_multilabel):
         APGD(MultiClass(), Linf(0.1, bounds=(0, 1)), loss="dlr")(
             torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 4)), torch.rand(2, 1, 4, 4),
             torch.tensor([0, 1]), weight=torch.ones(2))
+
+
+# --- issue 19: nothing silently wrong on HU-range data -----------------------------------------------------------
+HU = (-1024.0, 3071.0)
+
+
+def _hu_segmenter():
+    """A 3-D segmenter fed CT in Hounsfield units: its logits are in the thousands, so the softmax saturates
+    and most class probabilities underflow to exactly 0."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv3d(1, 4, 3, padding=1), nn.Softplus(), nn.Conv3d(4, 3, 1)).eval()
+    x = HU[0] + torch.rand(2, 1, 8, 8, 8, generator=torch.Generator().manual_seed(1)) * (HU[1] - HU[0])
+    with torch.no_grad():
+        y = model(x).argmax(1)  # labels = the clean prediction: a NaN input would look like a success
+    return model, x, y
+
+
+def test_js_divergence_has_finite_gradients_where_the_softmax_underflows():
+    from medadv.attacks.losses import js_divergence
+
+    task = Segmentation(3)
+    logits = torch.tensor([[[0.0], [200.0], [-200.0]]], requires_grad=True)  # p = (0, 1, 0) in float32
+    assert bool((logits.softmax(1) == 0).any())
+    js = js_divergence(task, logits, torch.tensor([[0]]))
+    (g,) = torch.autograd.grad(js.sum(), logits)
+    assert torch.isfinite(js).all() and torch.isfinite(g).all()
+    assert float(js.detach()) == pytest.approx(math.log(2), abs=1e-6)  # disjoint supports: the bound
+
+
+@pytest.mark.parametrize("eps", [0.0, 200.0])
+def test_js_loss_under_l2_on_hu_range_data_stays_finite_in_the_ball(eps):
+    model, x, y = _hu_segmenter()
+    atk = APGD(Segmentation(3), L2(eps, bounds=HU), steps=5, loss="js")
+    res = atk(model, x, y)
+    assert torch.isfinite(res.x_adv).all()
+    assert float(res.x_adv.min()) >= HU[0] and float(res.x_adv.max()) <= HU[1]
+    assert bool((res.l2 <= eps * (1 + 1e-5) + 1e-3).all())
+    if eps == 0:
+        assert torch.equal(res.x_adv, x)
+
+
+class _NaNGradient(nn.Module):
+    """Finite outputs, NaN input gradient: ``sqrt`` of ``|x - x.detach()| = 0`` (derivative 0 · ∞)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x + (x - x.detach()).abs().sqrt())
+
+
+def test_a_nan_iterate_is_never_kept_and_a_nan_output_is_refused():
+    model, x, y = _hu_segmenter()
+    broken = _NaNGradient(model)
+    # best-iterate keeping (APGD): the NaN iterates are never admissible, the finite start is returned
+    res = APGD(Segmentation(3), L2(200.0, bounds=HU), steps=3)(broken, x, y)
+    assert torch.isfinite(res.x_adv).all()
+    # an attack that returns its last iterate (PGD): a clear error, not a NaN "success"
+    with pytest.raises(FloatingPointError, match="PGD returned NaN/Inf adversarial inputs"):
+        PGD(Segmentation(3), L2(200.0, bounds=HU), steps=3)(broken, x, y)

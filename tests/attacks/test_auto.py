@@ -204,3 +204,21 @@ def test_pytest_plugin_measures_auto(trained_multilabel, tmp_path):
     pgd = check.measure(t.model, t.task, (t.x, t.y), PGD(t.task, threat, steps=20))
     assert auto <= pgd  # the headline metric (label accuracy) under the ensemble is no higher than under PGD
     assert "cnn-auto" in (tmp_path / "baselines.json").read_text()
+
+
+def test_segmentation_l2_on_hu_range_data_is_finite():
+    """Issue 19: the apgd-js member returned NaN inputs on CT in Hounsfield units under L2 (a saturated softmax),
+    and ``auto`` kept them as the worst case (NaN logits score Dice 0)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv3d(1, 4, 3, padding=1), torch.nn.Softplus(),
+                                torch.nn.Conv3d(4, 3, 1)).eval()
+    lo, hi = -1024.0, 3071.0
+    x = lo + torch.rand(2, 1, 8, 8, 8, generator=torch.Generator().manual_seed(1)) * (hi - lo)
+    with torch.no_grad():
+        y = model(x).argmax(1)
+    atk = AutoEvaluation(Segmentation(3), L2(200.0, bounds=(lo, hi)), version="custom", attacks=["apgd-js"],
+                         steps=5, checks=False)
+    res = atk(model, x, y)
+    assert torch.isfinite(res.x_adv).all()
+    assert torch.isfinite(res.details.metric_after).all()
+    assert bool((res.l2 <= 200.0 * (1 + 1e-5)).all())

@@ -66,8 +66,8 @@ def _run(case: Any, factory: Any) -> Run:
     if key in _RUNS:
         return _RUNS[key]
     attack = case.build(threat=threat)
-    model = factory.prepare_model(case.model())
-    x, y = case.data()
+    model = factory.prepare_model(case.model()).to(factory.device)  # `pytest --device cuda` runs it on the GPU
+    x, y = (t.to(factory.device) for t in case.data())
     x_before, y_before = x.clone(), y.clone()
     state_before = factory.model_state(model)
     rng_before = torch.get_rng_state()
@@ -126,6 +126,31 @@ def test_x_adv_inside_box_and_ball(case, factory):
 def test_every_declared_norm_is_respected(norm_case, factory):
     run = _run(norm_case, factory)
     _check_inside(norm_case.threat(), run.x, run.get())
+
+
+HU_LO, HU_WIDTH = -1024.0, 4095.0  # CT in Hounsfield units: the factory's [0, 1] box mapped onto [-1024, 3071]
+
+
+def _in_hu(threat: Threat | Box) -> Threat | Box:
+    box = threat if isinstance(threat, Box) else threat.box
+    assert box.bounds is not None
+    lo, hi = box.bounds
+    hu = Box(HU_LO + HU_WIDTH * lo, HU_LO + HU_WIDTH * hi)
+    return hu if isinstance(threat, Box) else type(threat)(threat.eps * HU_WIDTH, bounds=hu)
+
+
+def test_every_declared_norm_stays_finite_on_hu_range_data(norm_case, factory):
+    """Data in Hounsfield units drive the tiny models' logits into the thousands: the softmax saturates and
+    probabilities underflow to exactly 0, where a careless log or normalisation gives NaN (issue 19: APGD's
+    JS loss under L2). Every attack, every declared norm: a finite ``x_adv`` inside the box and the ball."""
+    threat = _in_hu(norm_case.threat())
+    attack = norm_case.build(threat=threat)
+    model = factory.prepare_model(norm_case.model()).to(factory.device)
+    x, y = norm_case.data()
+    x, y = (HU_LO + HU_WIDTH * x).to(factory.device), y.to(factory.device)
+    res = attack(model, x, y)
+    assert torch.isfinite(res.x_adv).all(), "x_adv holds NaN/Inf on HU-range data"
+    _check_inside(threat, x, res)
 
 
 def _state_problems(before: dict[str, Any], after: dict[str, Any]) -> list[str]:

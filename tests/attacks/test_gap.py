@@ -291,3 +291,28 @@ def test_gap_declares_its_parameters_and_is_exported():
     assert "generator=ResnetGenerator(kind='resnet'" in repr(atk) and "\n" not in repr(atk)
     with pytest.raises(ValueError, match="output_scale"):
         GAP(MultiClass(), Linf(0.1, bounds=(0.0, 1.0)), "unet", output_scale=0.0)
+
+
+def test_building_and_running_gap_leaves_the_global_rng_alone(ml, tmp_path):
+    """A fresh generator's random initial weights come from a fork of the global RNG: building the attack (by
+    name, by mapping, from a checkpoint, universal) and running it do not advance the caller's random stream."""
+    threat = Linf(8 / 255, bounds=(0.0, 1.0))
+    ckpt = tmp_path / "gap.pt"
+    GAPTrainer(GAP(MultiLabel(), threat, UnetGenerator(1, ngf=4)), ml.model, epochs=1, batch_size=16,
+               checkpoint=ckpt).fit(ml.x_train[:16])
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    atk = get_attack("gap", MultiLabel(), threat, generator="unet")
+    GAP(MultiLabel(), threat, {"name": "resnet", "ngf": 4}, universal=True, input_shape=(1, 16, 16))
+    loaded = get_attack("gap", MultiLabel(), threat, generator={"checkpoint": str(ckpt)})
+    GAP.from_checkpoint(ckpt, MultiLabel(), threat)
+    assert torch.equal(torch.get_rng_state(), state)
+    atk.trained = True
+    atk(ml.model, ml.x[:4])
+    loaded(ml.model, ml.x[:4])
+    assert torch.equal(torch.get_rng_state(), state)
+    # the same global seed gives the same fresh generator
+    torch.manual_seed(123)
+    again = get_attack("gap", MultiLabel(), threat, generator="unet")
+    assert all(torch.equal(a, b) for a, b in zip(atk.generator.state_dict().values(),
+                                                 again.generator.state_dict().values(), strict=True))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import nibabel as nib
 import numpy as np
@@ -285,3 +286,90 @@ def test_random_transforms_draw_per_case_whatever_the_batching(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(one, two, strict=True))
     assert all(torch.equal(a, b) for a, b in zip(one, images(3), strict=True))
     assert not torch.equal(images(1, seed=1)[0], one[0])  # the draws follow the config's seed
+
+
+# --- issue 19: PNG / JPEG reach the model as PIL and torchvision give them, (C, H, W) ------------------------------
+def _photos(tmp_path):
+    """A real photograph (scikit-image's cat, non-square RGB) and its mirror image, plus a grey crop of the
+    camera man, as PNGs and JPEG; label 1 when the left half of the image is brighter than the right half."""
+    from skimage import data
+    from skimage.transform import resize
+
+    cat = (resize(data.chelsea(), (30, 45), anti_aliasing=True) * 255).astype(np.uint8)
+    grey = data.camera()[100:140, 200:260]  # 40 rows x 60 columns
+    images = {"cat.png": cat, "cat_mirrored.png": cat[:, ::-1], "camera.png": grey, "camera_mirrored.jpg": grey[:, ::-1]}
+    rows = ["image,left_brighter"]
+    for name, arr in images.items():
+        Image.fromarray(np.ascontiguousarray(arr)).save(tmp_path / name, quality=95)
+        w = arr.shape[1]
+        rows.append(f"{name},{int(arr[:, : w // 2].mean() > arr[:, w - w // 2:].mean())}")
+    (tmp_path / "labels.csv").write_text("\n".join(rows) + "\n")
+    return list(images)
+
+
+def _left_brighter(t: torch.Tensor) -> int:
+    w = t.shape[-1]
+    return int(t[..., : w // 2].mean() > t[..., w - w // 2:].mean())
+
+
+@pytest.mark.parametrize("loader", ["implicit", "named"])
+def test_png_and_jpeg_are_read_height_first_as_torchvision_reads_them(tmp_path, loader):
+    from torchvision.transforms.functional import to_tensor
+
+    names = _photos(tmp_path)
+    scale = {"name": "ScaleIntensityRanged", "a_min": 0, "a_max": 255, "b_min": 0.0, "b_max": 1.0}
+    transforms = [scale] if loader == "implicit" else \
+        [{"name": "LoadImaged", "keys": ["image"]}, {"name": "EnsureChannelFirstd", "keys": ["image"]}, scale]
+    spec = {"source": "csv", "path": "labels.csv", "label_column": "left_brighter", "transforms": transforms}
+    batches = list(build_loader(spec, str(tmp_path), batch_size=1, task=MultiClass()))
+    assert [b["case_id"][0] for b in batches] == names
+    # the mirror images have the opposite label: a transposed read (left/right = top/bottom) gets one of each wrong
+    labels = [int(b["label"]) for b in batches]
+    assert labels[0] != labels[1] and labels[2] != labels[3]
+    for b in batches:
+        with Image.open(tmp_path / b["case_id"][0]) as im:
+            expected = to_tensor(im)
+        image = b["image"][0].as_tensor()
+        assert image.shape == expected.shape, b["case_id"]  # (C, H, W): 3 x 30 x 45 and 1 x 40 x 60
+        torch.testing.assert_close(image, expected, atol=1e-6, rtol=0)
+        assert _left_brighter(image) == int(b["label"])
+        assert not sources.width_first(b["image"].meta)  # what saving the adversarial example follows
+
+
+def test_monai_layout_on_request_and_for_monai_pipelines(tmp_path):
+    """``reverse_indexing: true`` on a named LoadImaged keeps MONAI's (C, W, H); a batch from the user's own MONAI
+    pipeline (LoadImage defaults) is width-first; a batch without MONAI metadata is not."""
+    from monai.data import list_data_collate
+    from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged
+
+    _photos(tmp_path)
+    spec = {"source": "csv", "path": "labels.csv", "label_column": "left_brighter", "n": 1,
+            "transforms": [{"name": "LoadImaged", "keys": ["image"], "reverse_indexing": True},
+                           {"name": "EnsureChannelFirstd", "keys": ["image"]}]}
+    (b,) = build_loader(spec, str(tmp_path), batch_size=1, task=MultiClass())
+    assert b["image"].shape == (1, 3, 45, 30) and sources.width_first(b["image"].meta)
+    with warnings.catch_warnings():  # MONAI's notice that its optional GPU DICOM decoder is absent
+        warnings.simplefilter("ignore")
+        own = Compose([LoadImaged(["image"]), EnsureChannelFirstd(["image"])])
+    batch = list_data_collate([own({"image": str(tmp_path / "cat.png")})])
+    assert batch["image"].shape == (1, 3, 45, 30) and sources.width_first(batch["image"].meta)
+    assert not sources.width_first(None)
+
+
+def test_adversarial_example_saved_from_a_png_source_has_the_source_orientation(tmp_path):
+    from medadv.attacks import FGSM
+    from medadv.evaluation import evaluate
+    from medadv.threats import Linf
+
+    names = _photos(tmp_path)
+    spec = {"source": "csv", "path": "labels.csv", "label_column": "left_brighter", "n": 2,
+            "transforms": [{"name": "ScaleIntensityRanged", "a_min": 0, "a_max": 255, "b_min": 0.0, "b_max": 1.0}]}
+    data = build_loader(spec, str(tmp_path), batch_size=2, task=MultiClass())
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 30 * 45, 2)).eval()
+    task = MultiClass()
+    res = evaluate(model, task, data, {"still": FGSM(task, Linf(0.0, bounds=(0.0, 1.0)))},
+                   save_adversarial=tmp_path / "adv")
+    for r, name in zip(res, names[:2], strict=True):
+        saved = np.asarray(Image.open(tmp_path / "adv" / r["saved_file"]))
+        assert np.array_equal(saved, np.asarray(Image.open(tmp_path / name)))

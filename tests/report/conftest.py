@@ -83,3 +83,36 @@ def full_report(tmp_path_factory, seg3d_results, trained_seg3d, trained_multicla
 @pytest.fixture
 def studies() -> list[StudyResult]:
     return make_studies()
+
+
+@pytest.fixture(scope="session")
+def cli_report(tmp_path_factory, trained_seg3d):
+    """``medadv evaluate`` on NIfTI files (2 mm voxels, RAS) of the small 3-D UNet's held-out volumes, with HD95
+    and class names: the report every evaluate run writes. Returns the output folder."""
+    import nibabel as nib
+    import numpy as np
+    import yaml
+
+    from medadv.cli import main
+    from medadv.models import save_checkpoint
+
+    t = trained_seg3d
+    work = tmp_path_factory.mktemp("cli_report")
+    for sub in ("images", "labels"):
+        (work / sub).mkdir()
+    affine = np.diag([2.0, 2.0, 2.0, 1.0])
+    for i in range(t.x.shape[0]):
+        nib.save(nib.Nifti1Image(t.x[i, 0].numpy().astype(np.float32), affine), work / "images" / f"sub{i}.nii.gz")
+        nib.save(nib.Nifti1Image(t.y[i].numpy().astype(np.uint8), affine), work / "labels" / f"sub{i}.nii.gz")
+    save_checkpoint(work / "unet.pt", t.model)
+    lo, hi = _box(t.x)
+    cfg = {"model": {"builder": "small_unet", "kwargs": {"in_channels": 1, "num_classes": 3, "ndim": 3,
+                                                         "channels": [8, 16]}, "checkpoint": "unet.pt"},
+           "task": {"type": "segmentation", "num_classes": 3, "class_names": SEG_NAMES},
+           "data": {"source": "files", "images": "images/*.nii.gz", "labels": "labels/*.nii.gz"},
+           "threat": {"norm": "linf", "bounds": [lo, hi]}, "budgets": ["4/255", "16/255"],
+           "attacks": ["fgsm", {"name": "pgd", "steps": 3}], "batch_size": 2, "hd95": True, "seed": 3,
+           "output": "out"}
+    (work / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["evaluate", str(work / "cfg.yaml"), "--no-progress"]) == 0
+    return work / "out"

@@ -86,9 +86,19 @@ class _Dom(HTMLParser):
 @pytest.fixture(scope="module")
 def rendered(full_report, tmp_path_factory):
     """DOM (with the layout probe) and a full-page screenshot of the report."""
-    work = tmp_path_factory.mktemp("browser")
+    return render(full_report, tmp_path_factory.mktemp("browser"))
+
+
+@pytest.fixture(scope="module")
+def rendered_cli(cli_report, tmp_path_factory):
+    """The same for the report ``medadv evaluate`` wrote (NIfTI volumes, HD95, class names)."""
+    return render(cli_report / "report.html", tmp_path_factory.mktemp("browser_cli"))
+
+
+def render(report: Path, work: Path):
+    """Render ``report`` (with the probe) in headless Chromium: ``(dom, layout, screenshot, report)``."""
     page = work / "report.html"
-    page.write_text(full_report.read_text(encoding="utf-8").replace("</body>", PROBE + "</body>"), encoding="utf-8")
+    page.write_text(report.read_text(encoding="utf-8").replace("</body>", PROBE + "</body>"), encoding="utf-8")
     url = page.as_uri()
     # the same width as the screenshot below, so that the boxes the probe records are where the pixels are
     dom_text = run_chromium([f"--window-size={WIDTH},2000", "--virtual-time-budget=5000", "--dump-dom", url],
@@ -98,13 +108,13 @@ def rendered(full_report, tmp_path_factory):
     assert dom.probe, "the layout probe did not run: the page did not finish loading in Chromium"
     layout = json.loads(dom.probe)
     height = int(layout["height"])
-    assert 2000 < height < 30000, height
+    assert 2000 < height < 40000, height
     shot = work / "shot.png"
     run_chromium([f"--window-size={WIDTH},{height}", "--virtual-time-budget=5000", f"--screenshot={shot}", url],
                  work / "profile-shot")
     img = np.asarray(Image.open(shot).convert("RGB")).astype(np.float64)
     assert img.shape[:2] == (height, WIDTH), img.shape
-    return dom, layout, img, full_report
+    return dom, layout, img, report
 
 
 def _crop(img: np.ndarray, box: list[float]) -> np.ndarray:
@@ -130,8 +140,28 @@ def test_dom_has_the_sections_tables_and_figures_and_nothing_external(rendered):
     assert layout["width"] <= WIDTH, f"the page scrolls sideways ({layout['width']} px wide)"
 
 
-def test_screenshot_figures_are_drawn_and_match_the_embedded_pngs(rendered):
-    dom, layout, img, _ = rendered
+@pytest.fixture(params=["full", "cli"])
+def any_rendered(request):
+    """Each rendered report: the one with every kind of section, and the one `medadv evaluate` wrote."""
+    return request.getfixturevalue("rendered" if request.param == "full" else "rendered_cli")
+
+
+def test_the_evaluate_report_shows_cases_hd95_and_class_names_in_the_browser(rendered_cli):
+    dom, layout, _, report = rendered_cli
+    titles = " | ".join(layout["sections"])
+    for name in ("Key findings", "Settings", "Summary", "Robustness curves", "Per-class results", "Cases"):
+        assert name in titles, f"section {name!r} missing; sections: {titles}"
+    cases = [i for i in layout["images"] if i["alt"].startswith("case: ")]
+    assert len(cases) == 4, [i["alt"] for i in layout["images"]]  # 2 volumes x (fgsm, pgd)
+    assert all(i["complete"] and min(i["natural"]) > 500 for i in cases)
+    assert any(i["alt"] == "per-class HD95, clean vs attacked, one panel per attack" for i in layout["images"])
+    text = report.read_text(encoding="utf-8")
+    assert "organ A" in text and "organ B" in text and "HD95 attacked" in text
+    assert layout["width"] <= WIDTH, f"the page scrolls sideways ({layout['width']} px wide)"
+
+
+def test_screenshot_figures_are_drawn_and_match_the_embedded_pngs(any_rendered):
+    dom, layout, img, _ = any_rendered
     assert len(dom.srcs) == len(layout["images"])
     for src, meta in zip(dom.srcs, layout["images"], strict=True):
         x, y, w, h = meta["box"]
@@ -150,8 +180,8 @@ def test_screenshot_figures_are_drawn_and_match_the_embedded_pngs(rendered):
         assert corr > 0.8, f"figure {meta['alt']!r} on screen differs from its PNG (correlation {corr:.2f})"
 
 
-def test_screenshot_tables_are_drawn(rendered):
-    _, layout, img, _ = rendered
+def test_screenshot_tables_are_drawn(any_rendered):
+    _, layout, img, _ = any_rendered
     for t in [t for t in layout["tables"] if t["visible"]]:
         region = _crop(img, t["box"]).mean(axis=2)
         assert region.size and region.std() > 10 and (region < 128).mean() > 0.005, t

@@ -7,7 +7,18 @@ import pytest
 import torch
 
 from medadv.attacks import PGD
-from medadv.report.cases import Case, SaliencyPair, make_cases, most_changed_voxel, plot_case, select_cases
+from medadv.evaluation import evaluate
+from medadv.report.cases import (
+    Case,
+    SaliencyPair,
+    damage,
+    make_cases,
+    most_changed_voxel,
+    plot_case,
+    select_cases,
+    volume_axis_names,
+    worst_cases,
+)
 from medadv.tasks import MultiClass, MultiLabel, Segmentation
 from medadv.threats import Linf
 
@@ -131,3 +142,81 @@ def test_segmentation_cases_from_tensors_rank_by_changed_voxels():
     cases = make_cases(task, x, x, clean, adv, torch.zeros(3, 6, 6, dtype=torch.long), k=2, title="A")
     assert [c.title for c in cases] == ["A · sample 2", "A · sample 0"]
     assert cases[0].note.endswith("50.0% of voxels changed")
+
+
+# --- worst_cases: the samples evaluate() scored worst, attacked again under its seed --------------------------------
+def _batches(x, y, size=2):
+    return [(x[i : i + size], y[i : i + size]) for i in range(0, x.shape[0], size)]
+
+
+def test_worst_cases_redraw_what_evaluate_measured(trained_seg3d):
+    t = trained_seg3d
+    box = (float(t.x.min()), float(t.x.max()))
+    # two small steps from a random start drawn from the global RNG (no own seed): the adversarial example
+    # depends on evaluate's per-batch seed
+    attacks = {f"pgd@{e:.6g}": PGD(t.task, Linf(e, bounds=box), steps=2, step_size=e / 4, seed=None)
+               for e in (4 / 255, 16 / 255)}
+    data = _batches(t.x, t.y)
+    res = evaluate(t.model, t.task, data, attacks, seed=7, hd95=True)
+    names = ["background", "organ A", "organ B"]
+    cases = worst_cases(t.model, t.task, data, attacks, res, k=2, seed=7, class_names=names)
+    rows = sorted((r for r in res.rows if r["attack"] == "pgd@0.0627451"), key=lambda r: r["sample"])
+    worst = sorted(rows, key=lambda r: damage(t.task, r), reverse=True)[:2]  # the largest budget only
+    assert worst[0]["clean_mean_dice"] - worst[0]["adv_mean_dice"] == max(
+        r["clean_mean_dice"] - r["adv_mean_dice"] for r in rows)
+    assert [c.title for c in cases] == [f"pgd ε=0.06275 (16/255) · case {r['sample']}" for r in worst]
+    for case, row in zip(cases, worst, strict=True):
+        assert case.kind == "segmentation" and case.class_names == names
+        assert torch.equal(case.x, t.x[row["sample"]]) and torch.equal(case.label, t.y[row["sample"]])
+        # the same adversarial example as the table's: its Dice per class is the row's
+        onehot = torch.nn.functional.one_hot(case.adv[None].long(), 3).movedim(-1, 1).double() * 1e3
+        dice = t.task.metrics(onehot, case.label[None])["dice"][0].tolist()
+        assert dice == pytest.approx(row["adv_dice"], abs=1e-6, nan_ok=True)
+        assert "re-attacked" not in case.note and "mean HD95" in case.note
+        assert case.axis_names == ("axis 0", "axis 1", "axis 2")  # tensors: no affine, no anatomical names
+    # another seed: another adversarial example, and a case whose metric is not the table's says so
+    other = worst_cases(t.model, t.task, data, attacks, res, k=2, seed=8)
+    assert not torch.equal(other[0].x_adv, cases[0].x_adv)
+    for case, row in zip(other, worst, strict=True):
+        onehot = torch.nn.functional.one_hot(case.adv[None].long(), 3).movedim(-1, 1).double() * 1e3
+        again = float(t.task.metrics(onehot, case.label[None])["mean_dice"][0])
+        assert ("re-attacked" in case.note) == (abs(again - row["adv_mean_dice"]) > 1e-4)
+    # only the strongest setting; none at all
+    (strongest,) = worst_cases(t.model, t.task, data, attacks, res, k=1, seed=7, strongest_only=True)
+    assert strongest.title == cases[0].title
+    assert worst_cases(t.model, t.task, data, attacks, res, k=0) == []
+    # data in another order than evaluate saw: the rows' samples are not these, so nothing is drawn
+    shuffled = _batches(t.x.flip(0), t.y.flip(0))
+    with pytest.warns(RuntimeWarning, match="is not the data of its row"):
+        assert worst_cases(t.model, t.task, shuffled, attacks, res, k=2, seed=7) == []
+
+
+def test_worst_cases_of_classifiers_draw_scores_and_label_names(trained_multilabel, trained_multiclass):
+    import matplotlib.pyplot as plt
+
+    for t, names in ((trained_multilabel, ["effusion", "edema", "nodule", "mass"]),
+                     (trained_multiclass, ["cat", "dog", "bird", "deer"])):
+        attacks = {"pgd@0.1": PGD(t.task, Linf(0.1, bounds=(0.0, 1.0)), steps=3)}
+        data = _batches(t.x, t.y, 8)
+        res = evaluate(t.model, t.task, data, attacks, seed=1)
+        (case,) = worst_cases(t.model, t.task, data, attacks, res, k=1, seed=1, class_names=names)
+        best = max(damage(t.task, r) for r in res.rows)
+        row = next(r for r in res.rows if damage(t.task, r) == best)
+        assert case.title.endswith(f"case {row['sample']}") and torch.equal(case.x, t.x[row["sample"]])
+        assert case.adv.tolist() == row["adv_pred"]
+        fig = plot_case(case)
+        ticks = {tick.get_text().removesuffix(" ✓") for ax in fig.axes for tick in ax.get_yticklabels()}
+        assert set(names) <= ticks  # the score bars are labelled with the names
+        plt.close(fig)
+
+
+def test_volume_axis_names_follow_the_affine():
+    ras = torch.diag(torch.tensor([2.0, 2.0, 2.0, 1.0]))
+    assert volume_axis_names(ras) == ("sagittal", "coronal", "axial")
+    assert volume_axis_names(torch.diag(torch.tensor([-1.0, -1.0, 3.0, 1.0]))) == ("sagittal", "coronal", "axial")
+    permuted = torch.eye(4)
+    permuted[:3, :3] = torch.tensor([[0.0, 0.0, 2.0], [2.0, 0.0, 0.0], [0.0, 2.0, 0.0]])
+    assert volume_axis_names(permuted) == ("coronal", "axial", "sagittal")
+    oblique = torch.eye(4)
+    oblique[:3, :3] = torch.tensor([[1.0, 0.9, 0.0], [0.2, 0.3, 0.0], [0.0, 0.0, 1.0]])
+    assert volume_axis_names(oblique) is None and volume_axis_names(None) is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import math
 import re
 from html.parser import HTMLParser
@@ -13,7 +14,8 @@ import pytest
 from PIL import Image
 
 import medadv.report.html as H
-from medadv.report.html import fmt_budget, render_html_report, write_html_report
+from medadv.report.cases import damage
+from medadv.report.html import ci95, fmt, fmt_budget, fmt_ci, render_html_report, write_html_report
 from medadv.results import Results
 from medadv.studies.base import StudyResult
 
@@ -25,6 +27,7 @@ class Page(HTMLParser):
         super().__init__()
         self.tables: dict[str, list[list[list[str]]]] = {}
         self.images: dict[str, list[str]] = {}
+        self.alts: dict[str, list[str]] = {}
         self.tags: dict[str, int] = {}
         self.attrs: list[tuple[str, str]] = []
         self.section = ""
@@ -45,6 +48,7 @@ class Page(HTMLParser):
             self._cell = []
         elif tag == "img":
             self.images.setdefault(self.section, []).append(a["src"])
+            self.alts.setdefault(self.section, []).append(a.get("alt") or "")
 
     def handle_data(self, data):
         if self._cell is not None:
@@ -133,7 +137,9 @@ def test_curves_and_per_class_figures_of_a_segmentation(seg3d_results, figures):
     assert lines["pgd"][0] == [0.0] + [b for b, _ in pgd]
     np.testing.assert_allclose(lines["pgd"][1][1:], [v for _, v in pgd])
     per_class = figures["per-class dice vs budget, one panel per attack"]
-    assert [label for label, _, _ in per_class[0]] == ["background", "organ A", "organ B"]
+    # the classes the mean Dice counts (the task leaves the background out), under their names
+    assert "include_background=False" in seg3d_results.meta["task"]
+    assert [label for label, _, _ in per_class[0]] == ["organ A", "organ B"]
 
 
 def test_per_class_recall_of_a_multiclass_table():
@@ -252,3 +258,101 @@ def test_saliency_pairs_ready_figures_and_a_table_without_known_metrics():
     assert _records(page.tables["summary"][0]) == [{"attack": "my_attack", "budget": "–", "n": "1"}]
     assert _records(page.tables["summary"][1])[0]["custom (attacked)"] == "0.250"
     assert "curves" not in page.tables and "curves" not in page.images  # no budget, no curve
+
+
+# --- the report of `medadv evaluate`: cases, HD95, class names, spread, settings ------------------------------------
+def _mean_of(values):
+    v = [float(x) for x in values if x is not None]
+    return sum(v) / len(v)
+
+
+def test_the_evaluate_report_shows_cases_hd95_and_class_names(cli_report):
+    from medadv.tasks import Segmentation
+
+    rows = json.loads((cli_report / "results.json").read_text())["rows"]
+    page = Page((cli_report / "report.html").read_text(encoding="utf-8"))
+    # cases: per attack at its largest budget, the 2 volumes with the largest Dice drop, named by their file
+    task = Segmentation(3)
+    expected = []
+    for attack in ("fgsm@0.0627451", "pgd@0.0627451"):
+        mine = sorted((r for r in rows if r["attack"] == attack), key=lambda r: r["sample"])
+        worst = sorted(mine, key=lambda r: damage(task, r), reverse=True)[:2]
+        assert worst[0]["clean_mean_dice"] - worst[0]["adv_mean_dice"] >= max(
+            r["clean_mean_dice"] - r["adv_mean_dice"] for r in mine) - 1e-12
+        expected += [f"case: {attack.split('@')[0]} ε=0.06275 (16/255) · case {r['case_id']} (sample {r['sample']})"
+                     for r in worst]
+    assert page.alts["cases"] == expected
+    for src in page.images["cases"]:
+        img = Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1])))
+        assert img.size[0] > 800 and img.size[1] > 700  # 3 slices x 5 panels
+    # per class: the class names (background left out, as the Dice leaves it out), Dice and HD95 from the rows
+    table = _records(page.tables["per-class"][0])
+    assert {r["class"] for r in table} == {"organ A", "organ B"}
+    assert page.alts["per-class"] == ["per-class Dice, clean vs attacked, one panel per attack",
+                                      "per-class HD95, clean vs attacked, one panel per attack"]
+    assert "per-class Dice and HD95 (mm) for every attack" in (cli_report / "report.html").read_text(encoding="utf-8")
+    for r in table:
+        j = ["background", "organ A", "organ B"].index(r["class"])
+        attack = next(a for a in {x["attack"] for x in rows}
+                      if a.startswith(r["attack"] + "@") and fmt_budget(next(x["budget"] for x in rows
+                                                                               if x["attack"] == a)) == r["budget"])
+        mine = [x for x in rows if x["attack"] == attack]
+        assert r["attacked Dice"] == fmt(_mean_of(x["adv_dice"][j] for x in mine))
+        assert r["clean HD95"] == fmt(_mean_of(x["clean_hd95"][j] for x in mine))
+        assert r["attacked HD95"] == fmt(_mean_of(x["adv_hd95"][j] for x in mine))
+        undefined = sum(x["adv_hd95"][j] is None for x in mine)
+        assert r["HD95 undefined"].endswith(f"/ {undefined} of {len(mine)}")
+        assert r["95% CI"] == fmt_ci(ci95(x["adv_dice"][j] for x in mine))
+        assert r["HD95 CI"] == fmt_ci(ci95(x["adv_hd95"][j] for x in mine), 2)
+    # summary: HD95 over the two organs, the CI of the attacked mean Dice, and a box plot of the per-case spread
+    summary = _records(page.tables["summary"][0])
+    pgd = next(r for r in summary if r["attack"] == "pgd" and "16/255" in r["budget"])
+    mine = [x for x in rows if x["attack"] == "pgd@0.0627451"]
+    assert pgd["HD95 attacked"] == fmt(_mean_of([_mean_of(x["adv_hd95"][j] for x in mine) for j in (1, 2)]))
+    lo, hi = ci95(x["adv_mean_dice"] for x in mine)
+    assert pgd["95% CI"] == fmt_ci((lo, hi)) and lo <= float(pgd["mean Dice (attacked)"]) <= hi
+    assert page.alts["summary"] == ["per-case spread of mean_dice, clean and per attack"]
+    # settings: one readable row per setting, no Python or JSON blobs
+    settings = {r["setting"]: r["value"] for r in _records(page.tables["settings"][0])}
+    assert settings["task · class_names"] == "[background, organ A, organ B]"
+    assert settings["budgets"] == "0.01569 (4/255), 0.06275 (16/255)"
+    assert settings["attacks"].split("\n") == ["fgsm", "pgd (steps 3)"]
+    assert settings["model · builder"] == "small_unet" and settings["hd95"] == "yes"
+    assert not any("{" in v or "'" in v for k, v in settings.items() if k != "task (as built)")
+
+
+def test_spread_and_intervals_of_few_or_binary_cases():
+    assert ci95([0.5]) is None and fmt_ci(None) == "–"
+    lo, hi = ci95([0.0, 1.0, 1.0, 1.0])
+    assert 0.0 <= lo < 0.75 < hi <= 1.0
+    assert ci95([0.2, 0.2, 0.2]) == pytest.approx((0.2, 0.2))
+    # 0/1 accuracy: its spread is the interval, no box plot
+    rows = [{"sample": i, "attack": "pgd", "budget": 0.03, "label": 0, "clean_pred": 0, "adv_pred": i % 2,
+             "clean_correct": True, "adv_correct": i % 2 == 0} for i in range(6)]
+    page = Page(render_html_report(Results(rows)))
+    assert "summary" not in page.images
+    assert _records(page.tables["summary"][0])[0]["95% CI"] == fmt_ci(ci95([1, 0, 1, 0, 1, 0]))
+
+
+def test_demo_output_report_draws_the_worst_crops_and_training_shows_progress(tmp_path, capsys):
+    from medadv.data.mni152 import TISSUE_CLASSES
+    from medadv.demo import DemoConfig, run_demo, write_demo_outputs
+
+    cfg = DemoConfig(patch=16, spacing_mm=4, n_train=4, n_test=3, epochs=2, batch_size=2, channels=(4, 8),
+                     budgets=(8 / 255,), steps=2)
+    out = run_demo(cfg, cache=tmp_path / "cache", progress=True, echo=lambda *_: None)
+    err = capsys.readouterr().err
+    # the training step and the attacks show tqdm bars with their elapsed time and ETA ([00:01<00:02, ...])
+    assert re.search(r"train UNet: +\d+%.*\| \d+/2 \[\d\d:\d\d<\d\d:\d\d", err), err[-500:]
+    assert re.search(r"evaluate: +\d+%.*\[\d\d:\d\d<\d\d:\d\d", err), err[-500:]
+    paths = write_demo_outputs(out, tmp_path / "out")
+    assert [p.name for p in paths] == ["results.json", "results.csv", "report.md", "report.html"]
+    page = Page(paths[-1].read_text(encoding="utf-8"))
+    res = out["results"]
+    strongest = min(res.summary(), key=lambda r: r["adv_mean_dice"])["attack"]
+    rows = sorted((r for r in res.rows if r["attack"] == strongest), key=lambda r: r["sample"])
+    worst = sorted(rows, key=lambda r: damage(out["task"], r), reverse=True)[:2]
+    fam = strongest.split("@")[0]
+    assert page.alts["cases"] == [f"case: {fam} ε=0.03137 (8/255) · case {r['sample']}" for r in worst]
+    per_class = {r["class"] for r in _records(page.tables["per-class"][0])}
+    assert per_class == set(TISSUE_CLASSES[1:])  # the tissue names; the background the Dice leaves out is not shown
