@@ -653,9 +653,14 @@ def _spread_figure(results: Results, summary: list[dict[str, Any]], metric: str)
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7.6, 0.9 + 0.36 * len(data)))
     pos = list(range(len(data), 0, -1))  # clean on top
-    box = ax.boxplot(data, positions=pos, vert=False, widths=0.6, patch_artist=True, showmeans=True,
-                     meanprops=dict(marker="D", markerfacecolor="white", markeredgecolor="#333333", markersize=4),
-                     medianprops=dict(color="#333333"), flierprops=dict(marker=".", markersize=4, alpha=0.6))
+    style: dict[str, Any] = dict(
+        positions=pos, widths=0.6, patch_artist=True, showmeans=True, medianprops=dict(color="#333333"),
+        meanprops=dict(marker="D", markerfacecolor="white", markeredgecolor="#333333", markersize=4),
+        flierprops=dict(marker=".", markersize=4, alpha=0.6))
+    try:  # matplotlib >= 3.10; `vert` is deprecated there
+        box = ax.boxplot(data, orientation="horizontal", **style)
+    except TypeError:
+        box = ax.boxplot(data, vert=False, **style)
     fams = list(dict.fromkeys(_family(k[0]) for k in keys))
     colours = ["#BBBBBB"] + [PALETTE[fams.index(_family(k[0])) % len(PALETTE)] for k in keys]
     for patch, colour in zip(box["boxes"], colours, strict=True):
