@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from medadv.tasks import MultiClass, MultiLabel, Segmentation, Task
+from medadv.tasks import Segmentation, Task
 
 __all__ = ["check_model", "check_task", "classifier_target", "segmentation_target", "as_tensor"]
 
@@ -42,11 +42,12 @@ def classifier_target(task: Task, y: Tensor, logits: Tensor) -> Tensor:
     Multi-label: toolkits hand over multi-hot vectors, sometimes rescaled (ART's FGM divides by the row
     sum), so any positive entry counts as present. Multi-class: one-hot or probability rows become indices.
     """
-    if isinstance(task, MultiLabel):
+    form = task.label_source  # the kind's declared label form: what the toolkit's labels must become
+    if form == "vector":
         if tuple(y.shape) != tuple(logits.shape):
             raise ValueError(f"`y` must be multi-hot with shape {tuple(logits.shape)}, got {tuple(y.shape)}")
         return (y > 0).to(logits.dtype)
-    if isinstance(task, MultiClass):
+    if form == "index":
         if y.ndim == 2:
             return y.argmax(dim=1)
         return y.long()

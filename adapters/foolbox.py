@@ -110,17 +110,17 @@ class _TaskLogits(ep.PyTorchTensor):
         task = self.task
         if not isinstance(y, Tensor):
             raise TypeError(f"labels must be a torch.Tensor, got {type(y).__name__}")
-        if isinstance(task, MultiLabel) and tuple(y.shape) != tuple(logits.shape):
+        if task.label_source == "vector" and tuple(y.shape) != tuple(logits.shape):
             raise ValueError(f"multi-label loss needs multi-hot labels of shape {tuple(logits.shape)}, got "
                              f"{tuple(y.shape)}; build the criterion with mfb.criterion(task, y)")
-        if isinstance(task, Segmentation) and tuple(y.shape) != (logits.shape[0], *logits.shape[2:]):
+        if task.label_source == "map" and tuple(y.shape) != (logits.shape[0], *logits.shape[2:]):
             raise ValueError(f"segmentation loss needs a label map of shape {(logits.shape[0], *logits.shape[2:])}, "
                              f"got {tuple(y.shape)}; build the criterion with mfb.criterion(task, y)")
         return type(self)(task.loss(logits, task.to_target(y, logits)))
 
 
 def _logits_type(task: Task) -> type[_TaskLogits] | None:
-    if isinstance(task, MultiClass):
+    if task.label_source == "index":
         return None  # Foolbox's cross-entropy is the multi-class task loss: nothing to change
     return type("TaskLogits", (_TaskLogits,), {"__slots__": (), "task": task})
 
@@ -210,7 +210,7 @@ class TaskModel(fb.PyTorchModel):
         return self._bounds
 
     def _kind(self, x: Any) -> str:
-        if isinstance(self.task, Segmentation):
+        if self.task.spatial_labels:
             if x.ndim not in (4, 5):
                 raise ValueError(f"a segmentation TaskModel takes (N, C, H, W) or (N, C, D, H, W) inputs, got "
                                  f"shape {tuple(x.shape)}")
@@ -256,19 +256,19 @@ class TaskModel(fb.PyTorchModel):
         if own is not None and type(own) is not type(task):
             raise TypeError(f"{type(crit).__name__} is a criterion for {type(own).__name__} models, but this "
                             f"TaskModel's task is {task!r}; use mfb.criterion(fmodel.task, y)")
-        if isinstance(task, MultiClass) or own is not None:
+        if task.label_source == "index" or own is not None:
             return
         if isinstance(crit, fb.criteria.Criterion) and not isinstance(
                 crit, (fb.criteria.Misclassification, fb.criteria.TargetedMisclassification)):
             return  # a user's own criterion: it defines success itself
-        what = "multi-hot label vectors" if isinstance(task, MultiLabel) else "label maps"
+        what = "multi-hot label vectors" if task.label_source == "vector" else "label maps"
         got = (f"Foolbox's {type(crit).__name__}" if isinstance(crit, fb.criteria.Criterion)
                else "a plain labels tensor" if isinstance(_raw(crit), Tensor) else f"{type(crit).__name__}")
         raise TypeError(
             f"Foolbox {attack} got {got}, which Foolbox reads as one class index per sample (arg-max over the "
             f"last axis); for {what} pass `mfb.criterion(fmodel.task, y)` (or `targeted=True` with the target), "
             "i.e. a medadv.adapters.foolbox criterion such as "
-            + ("MultiLabelMisclassification(y)" if isinstance(task, MultiLabel)
+            + ("MultiLabelMisclassification(y)" if task.label_source == "vector"
                else "SegmentationMisclassification(y, task)"))
 
     # --- every forward ------------------------------------------------------------------------------------
@@ -307,9 +307,9 @@ def _check_labels(task: Task, labels: Any, name: str) -> Tensor:
     if not isinstance(_raw(labels), Tensor):
         raise TypeError(f"`{name}` must be a torch.Tensor, got {type(labels).__name__}")
     y = _raw(labels)
-    if isinstance(task, MultiLabel) and y.ndim != 2:
+    if task.label_source == "vector" and y.ndim != 2:
         raise ValueError(f"`{name}` must be multi-hot (N, L) for a multi-label criterion, got {tuple(y.shape)}")
-    if isinstance(task, Segmentation) and (y.ndim not in (3, 4) or y.is_floating_point()):
+    if task.label_source == "map" and (y.ndim not in (3, 4) or y.is_floating_point()):
         raise ValueError(f"`{name}` must be an integer label map (N, *spatial), got {tuple(y.shape)} {y.dtype}")
     return y
 
@@ -398,12 +398,14 @@ _MEDADV_CRITERIA = (MultiLabelMisclassification, TargetedMultiLabel, Segmentatio
 
 
 def criterion(task: Task, y: Tensor, targeted: bool = False) -> fb.criteria.Criterion:
-    """The Foolbox criterion matching a medadv task (its ``fooled`` test) for labels or targets ``y``."""
-    if isinstance(task, MultiLabel):
-        return (TargetedMultiLabel if targeted else MultiLabelMisclassification)(y, task.threshold)
-    if isinstance(task, Segmentation):
-        return TargetedSegmentation(y, task) if targeted else SegmentationMisclassification(y, task)
-    if isinstance(task, MultiClass):
+    """The Foolbox criterion matching a medadv task (its ``fooled`` test) for labels or targets ``y``, by the kind's
+    declared label form (:attr:`~medadv.tasks.Task.label_source`)."""
+    form = task.label_source if isinstance(task, Task) else None
+    if form == "vector":
+        return (TargetedMultiLabel if targeted else MultiLabelMisclassification)(y, task.threshold)  # type: ignore[attr-defined]
+    if form == "map":
+        return TargetedSegmentation(y, task) if targeted else SegmentationMisclassification(y, task)  # type: ignore[arg-type]
+    if form == "index":
         return fb.criteria.TargetedMisclassification(y) if targeted else fb.criteria.Misclassification(y)
     raise TypeError(f"`task` must be MultiClass, MultiLabel or Segmentation, got {task!r}")
 

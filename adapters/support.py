@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from medadv.tasks import Task, task_family
+from medadv.tasks import Task
 
 __all__ = ["TASK_KINDS", "Cell", "ok", "refused", "UnsupportedAttackError", "task_kind", "check_supported",
            "counts", "render_markdown", "toolkit_tables", "readme_section", "README_BEGIN", "README_END"]
@@ -61,18 +61,13 @@ class UnsupportedAttackError(ValueError):
 
 
 def task_kind(task: Task, spatial_dims: int | None = None) -> str:
-    """The matrix column of ``task``: ``multiclass``, ``multilabel``, ``seg2d`` or ``seg3d``.
+    """The matrix column of ``task`` (:meth:`~medadv.tasks.Task.support_column`): ``multiclass``, ``multilabel``,
+    ``seg2d`` or ``seg3d`` for the built-in kinds, the kind's name for others (a column no toolkit table has, so
+    every toolkit attack is refused on it with the reason).
 
     ``spatial_dims`` (2 or 3) is needed for segmentation; it comes from the input shape the adapter knows.
     """
-    family = task_family(task)
-    if family is None:
-        raise TypeError(f"no support-matrix column for task {task!r}")
-    if family == "segmentation":
-        if spatial_dims not in (2, 3):
-            raise ValueError(f"`spatial_dims` must be 2 or 3 for a segmentation task, got {spatial_dims!r}")
-        return f"seg{spatial_dims}d"
-    return family
+    return task.support_column(spatial_dims)
 
 
 def check_supported(table: Mapping[str, Mapping[str, Cell]], toolkit: str, attack: str, kind: str) -> Cell:
@@ -81,16 +76,22 @@ def check_supported(table: Mapping[str, Mapping[str, Cell]], toolkit: str, attac
     An attack missing from the table (e.g. added by a newer toolkit release) is refused rather than run
     unchecked: nobody has verified what it does on a medical task.
     """
-    if kind not in TASK_KINDS:
-        raise ValueError(f"`kind` must be one of {TASK_KINDS}, got {kind!r}")
+    if not isinstance(kind, str) or not kind:
+        raise ValueError(f"`kind` must be a support-matrix column such as {TASK_KINDS}, got {kind!r}")
+    title = _TITLES.get(kind, kind)
+    if kind not in TASK_KINDS:  # a task kind no toolkit table covers (a newer or user-defined kind)
+        raise UnsupportedAttackError(
+            f"{toolkit} {attack} has not been checked on {title} models by medadv (the {toolkit} adapter covers "
+            f"{', '.join(_TITLES[k] for k in TASK_KINDS)} models), so it is refused rather than run unchecked; use a "
+            "medadv attack (medadv.available_attacks()) instead")
     row = table.get(attack)
     if row is None or kind not in row:
         raise UnsupportedAttackError(
-            f"{toolkit} {attack} has not been checked on {_TITLES[kind]} models by medadv, so it is refused "
+            f"{toolkit} {attack} has not been checked on {title} models by medadv, so it is refused "
             "rather than run unchecked; use a medadv attack (medadv.available_attacks()) instead")
     cell = row[kind]
     if cell.status == "refused":
-        raise UnsupportedAttackError(f"{toolkit} {attack} does not apply to a {_TITLES[kind]} model: {cell.reason}")
+        raise UnsupportedAttackError(f"{toolkit} {attack} does not apply to a {title} model: {cell.reason}")
     return cell
 
 

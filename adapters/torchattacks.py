@@ -34,7 +34,7 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -110,7 +110,7 @@ class TorchattacksModel(nn.Module):
 
     def labels(self, y: Tensor) -> Tensor:
         """Labels in the form torchattacks' cross-entropy takes (class indices per sample/label/voxel)."""
-        if isinstance(self.task, MultiLabel):
+        if self.task.label_source == "vector":
             if y.is_floating_point() and not bool(((y == 0) | (y == 1)).all()):
                 raise ValueError("`y` must be multi-hot (0/1) for a MultiLabel task")
             return y.long()
@@ -120,7 +120,7 @@ class TorchattacksModel(nn.Module):
 
     def kind(self, x: Tensor) -> str:
         """The support-matrix column of this model for input ``x`` (``multiclass``, ..., ``seg3d``)."""
-        return task_kind(self.task, x.ndim - 2 if isinstance(self.task, Segmentation) else None)
+        return task_kind(self.task, x.ndim - 2 if self.task.spatial_labels else None)
 
     # --- forward ----------------------------------------------------------------------------------------
     def _model_logits(self, u: Tensor) -> Tensor:
@@ -143,7 +143,7 @@ class TorchattacksModel(nn.Module):
             # them / reached it. Logits ±m/2 rather than (m, 0): the same softmax and margin, and both logits
             # carry the gradient (JSMA's saliency map reads the target logit's gradient)
             return torch.stack((0.5 * m, -0.5 * m) if not run.targeted else (-0.5 * m, 0.5 * m), dim=1)
-        if isinstance(self.task, MultiLabel):
+        if self.task.label_source == "vector":
             # CE over [0, z] with label y is exactly BCE-with-logits(z, y), per label
             return torch.stack((torch.zeros_like(z), z), dim=1)
         return z
@@ -324,7 +324,7 @@ class TorchattacksModel(nn.Module):
                 raise ValueError(f"the target function of set_mode_targeted_by_function must return labels shaped "
                                  f"like w.labels(y), {tuple(lab.shape)}; got {getattr(t, 'shape', type(t))}")
             return self.labels(t.to(lab.device))
-        if isinstance(self.task, MultiLabel):
+        if self.task.label_source == "vector":
             if mode == "targeted(least-likely)" and int(atk._kth_min) != 1:
                 raise UnsupportedAttackError(
                     f"torchattacks {type(atk).__name__}: each label has one other class, so least-likely "
@@ -378,9 +378,10 @@ def _task_margin(task: Task, z: Tensor, ref: Tensor, targeted: bool) -> Tensor:
     the labels minus ``dice_threshold``, or the mean target probability over valid voxels minus
     ``target_fraction``.
     """
-    if isinstance(task, MultiLabel):
+    if task.label_source == "vector":
         return task.element_margin(z, ref).min(dim=1).values
-    assert isinstance(task, Segmentation)
+    assert task.label_source == "map", task  # the support table admits label maps and multi-hot vectors here
+    task = cast(Segmentation, task)
     p = z.float().softmax(dim=1)
     mask = task.valid_mask(ref)
     if targeted:
@@ -457,7 +458,7 @@ def _calling_attack() -> tuple[Any, Any, Any, Any] | None:
 def _check_lgv_batch(model: TorchattacksModel, u: Tensor, target: Any) -> None:
     """LGV trains copies of the wrapper on its trainloader: the batches must be in the wrapper's form."""
     if bool(u.min() < -_TOL) or bool(u.max() > 1 + _TOL) or (
-            isinstance(target, Tensor) and not isinstance(model.task, MultiClass) and target.is_floating_point()):
+            isinstance(target, Tensor) and model.task.label_source != "index" and target.is_floating_point()):
         raise UnsupportedAttackError(
             "torchattacks LGV trains on its trainloader through this TorchattacksModel: the loader must yield "
             "(w.encode(x), w.labels(y)) (unit-box inputs, class-index labels)")

@@ -18,7 +18,9 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it (imported on first access)
 _EXPORTS: dict[str, str] = {
-    **dict.fromkeys(("Task", "MultiClass", "MultiLabel", "Segmentation"), "medadv.tasks"),
+    **dict.fromkeys(("Task", "MultiClass", "MultiLabel", "Segmentation", "Regression", "PromptableSegmentation"),
+                   "medadv.tasks"),
+    **dict.fromkeys(("available_tasks", "get_task", "register_task"), "medadv.tasks"),
     **dict.fromkeys(("Threat", "Linf", "L2", "Box"), "medadv.threats"),
     **dict.fromkeys(("Attack", "AttackResult", "available_attacks", "get_attack"), "medadv.attacks.base"),
     "GradientAttack": "medadv.attacks.gradient",
@@ -44,17 +46,17 @@ _EXPORTS: dict[str, str] = {
 
 # subpackages and modules reachable as attributes (``medadv.data``) before anyone imported them
 _SUBMODULES = frozenset({
-    "adapters", "attacks", "cli", "config", "data", "dct", "defenses", "demo", "evaluation", "explain",
+    "adapters", "attacks", "certify", "cli", "config", "data", "dct", "defenses", "demo", "evaluation", "explain",
     "frequency", "masking", "metrics", "models", "params", "report", "results", "runtime", "tasks", "testing",
     "studies", "threats", "training", "distributed",
 })
 
 __all__ = [
-    "Task", "MultiClass", "MultiLabel", "Segmentation",
+    "Task", "MultiClass", "MultiLabel", "Segmentation", "Regression", "PromptableSegmentation",
     "Threat", "Linf", "L2", "Box",
     "Attack", "AttackResult", "GradientAttack", "FGSM", "BIM", "PGD", "CosPGD", "SegPGD", "APGD",
     "AutoAttack", "AutoEvaluation", "Square", "DAG", "VAFA", "VAFA2D", "GAP", "GAPTrainer", "SaliencyRelevance", "SaliencyResistance",
-    "available_attacks", "get_attack",
+    "available_attacks", "get_attack", "available_tasks", "get_task", "register_task",
     "AdversarialTrainer", "PGDAT", "MPAdvT", "MAAdvT", "TRADES", "VAFT",
     "evaluate", "Results",
     "data", "defenses", "explain", "metrics", "models",
@@ -98,6 +100,16 @@ if TYPE_CHECKING:  # the eager imports, for type checkers and IDEs only
     from .defenses import PGDAT, TRADES, VAFT, AdversarialTrainer, MAAdvT, MPAdvT
     from .evaluation import evaluate
     from .results import Results
-    from .tasks import MultiClass, MultiLabel, Segmentation, Task
+    from .tasks import (
+        MultiClass,
+        MultiLabel,
+        PromptableSegmentation,
+        Regression,
+        Segmentation,
+        Task,
+        available_tasks,
+        get_task,
+        register_task,
+    )
     from .threats import L2, Box, Linf, Threat
     from .training.gap import GAPTrainer

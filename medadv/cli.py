@@ -1,4 +1,4 @@
-"""The ``medadv`` command line: ``demo``, ``evaluate CONFIG``, ``validate CONFIG``, ``attacks``.
+"""The ``medadv`` command line: ``demo``, ``evaluate CONFIG``, ``validate CONFIG``, ``attacks``, ``tasks``.
 
 ``medadv evaluate`` never overwrites results silently: an output folder holding results of the same
 config and data (the fingerprint of :func:`medadv.config.config_fingerprint`, kept in ``run.json``) is
@@ -256,7 +256,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     base = cfg["_dir"]
     allow_code = bool(args.allow_code or cfg["allow_code"])
-    task = build_task(cfg["task"])
+    task = build_task(cfg["task"], allow_code=allow_code)
     attacks = build_attacks(cfg, task)
     # config mistakes cost nothing: the target, the model's name and code, the data files and transforms are
     # checked before any user code runs, any model is built or any image read
@@ -349,7 +349,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             errors.extend(str(e).splitlines())
             return None
 
-    task = attempt(lambda: build_task(cfg["task"]))
+    task = attempt(lambda: build_task(cfg["task"], allow_code=allow_code))
     attacks: Any = None
     if task is not None:
         attacks = attempt(lambda: build_attacks(cfg, task))
@@ -418,6 +418,43 @@ def _cmd_attacks(args: argparse.Namespace) -> int:
     return 0
 
 
+def describe_task(name: str) -> str:
+    """A task kind's title, shapes, config keys (with defaults), ``auto`` members and the attacks that apply."""
+    import inspect
+
+    from .attacks.base import attack_class, available_attacks
+    from .tasks import task_class
+
+    cls = task_class(name)
+    lines = [f"{cls.name}: {cls.title}", f"  shapes: {cls.shapes}" if cls.shapes else ""]
+    params = [p for p in inspect.signature(cls.__init__).parameters.values()
+              if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    keys = ", ".join(p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}" for p in params)
+    lines.append(f"  config: task: {{type: {cls.name}{', ' if keys else ''}{keys}}}")
+    if cls.auto_members:
+        lines.append(f"  auto:   {', '.join(cls.auto_versions['standard']['attacks'])} (standard)")
+    mro = {c.__name__ for c in cls.__mro__}
+    apply = [a for a in available_attacks() if not attack_class(a).tasks or set(attack_class(a).tasks) & mro]
+    lines.append(f"  attacks declared for it: {len(apply)} of {len(available_attacks())} ({', '.join(apply)})")
+    return "\n".join(line for line in lines if line)
+
+
+def _cmd_tasks(args: argparse.Namespace) -> int:
+    import medadv  # noqa: F401  (imports register every attack and task kind)
+
+    from .tasks import available_tasks, task_class
+
+    if args.params is not None:
+        print("\n\n".join(describe_task(n) for n in (args.params or available_tasks())))
+        return 0
+    for name in available_tasks():
+        cls = task_class(name)
+        print(f"{name:<26} {cls.title}" + (f" — {cls.shapes}" if cls.shapes else ""))
+    print("\n`medadv tasks --params NAME` lists a kind's config keys, auto members and attacks; a config may also "
+          "name a Task class by dotted path (task: {type: package.module:Class}, with --allow-code)")
+    return 0
+
+
 _ALLOW_CODE_HELP = ("let the config run code: model builders and `target` functions outside medadv, MONAI and "
                     "torchvision, and Python files outside the config's folder (same as `allow_code: true`)")
 
@@ -457,6 +494,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--params", nargs="*", metavar="NAME",
                    help="show the parameters (what each accepts, default) of these attacks (none given: all)")
     a.set_defaults(func=_cmd_attacks)
+    t = sub.add_parser("tasks", parents=[common], help="list the registered task kinds (and their config keys)")
+    t.add_argument("--params", nargs="*", metavar="NAME",
+                   help="show the config keys, auto members and attacks of these task kinds (none given: all)")
+    t.set_defaults(func=_cmd_tasks)
     return p
 
 

@@ -98,24 +98,23 @@ from .config_schema import (
     AttackPlan,
     ConfigError,
     CsvData,
+    CustomTask,
     DatalistData,
     DataSection,
     FilesData,
     InferenceSection,
     Mni152Data,
     ModelSection,
-    MultiClassTask,
-    MultiLabelTask,
     NpzData,
-    SegmentationTask,
     SyntheticData,
     TaskSection,
     ThreatSection,
+    is_code_path,
     validate_config,
     validate_section,
 )
 from .params import InvalidParameterError, closest
-from .tasks import MultiClass, MultiLabel, Segmentation, Task, task_family
+from .tasks import Task, available_tasks, task_class
 from .threats import L2, Box, LargeBudgetWarning, Linf, Threat
 
 __all__ = ["ConfigError", "CodeNotAllowedError", "RandomWeightsWarning", "TRUSTED_PACKAGES", "load_config", "build_model",
@@ -216,7 +215,9 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
         from .studies.schema import validate_studies
 
         # checked here (not in the schema) because each study has its own schema; every mistake at once
-        cfg["studies"] = [spec.model_dump() for spec in validate_studies(cfg["studies"])]
+        # only the keys the config gave (`study` always): a default such as `bounds` (the attacks' box when
+        # absent) must stay absent, not become an explicit null
+        cfg["studies"] = [spec.model_dump(exclude_unset=True) for spec in validate_studies(cfg["studies"])]
         several = [s["study"] for s in cfg["studies"] if s["study"] in ("transfer", "models")]
         if several:
             raise ConfigError([f"`studies`: {', '.join(map(repr, several))} compare several models, and a config "
@@ -409,11 +410,47 @@ def build_model(spec: Mapping[str, Any], base_dir: str | None = None, *, seed: i
     return model.eval()
 
 
-def build_task(spec: Mapping[str, Any]) -> Task:
-    conf: MultiClassTask | MultiLabelTask | SegmentationTask = validate_section(TaskSection, spec, ("task",))
+def _task_from_code(spec: str, allow_code: bool) -> type[Task]:
+    """The Task class a config names by dotted path (``package.module:Class`` or ``package.module.Class``)."""
+    path = spec if ":" in spec else ":".join(spec.rsplit(".", 1))
+    _allow_module(path, "task.type", allow_code)  # from the text, before finding the module imports its package
+    cls = _import(path, "task.type")
+    if not (isinstance(cls, type) and issubclass(cls, Task)):
+        raise ConfigError([f"`task.type` {spec!r} is not a medadv Task subclass (got {cls!r}); name a class derived "
+                           f"from medadv.tasks.Task, or one of the kinds {', '.join(available_tasks())}"])
+    return cls
+
+
+def task_class_of(spec: Mapping[str, Any], *, allow_code: bool = True) -> type[Task]:
+    """The task class the ``task:`` section names (a registered kind or, with ``allow_code``, a dotted path)."""
+    conf = validate_section(TaskSection, spec, ("task",))
+    if isinstance(conf, CustomTask) and is_code_path(conf.type):
+        return _task_from_code(conf.type, allow_code)
+    return task_class(conf.type)
+
+
+def build_task(spec: Mapping[str, Any], *, allow_code: bool = True) -> Task:
+    """The task of a ``task:`` section: ``type`` is a registered kind (``medadv tasks`` lists them) or a Task class
+    by dotted path (``package.module:Class``; code outside medadv only with ``allow_code``); the other keys are the
+    class's parameters, checked against its schema (:meth:`~medadv.tasks.Task.config_schema`)."""
+    cls = task_class_of(spec, allow_code=allow_code)
+    conf = validate_section(TaskSection, spec, ("task",))
+    if isinstance(conf, CustomTask):
+        named = {**dict(spec), "type": cls.name} if cls.name in available_tasks() else dict(spec)
+        conf = validate_section(cls.config_schema(), named, ("task",))
     kw = conf.model_dump(exclude={"type", "class_names"})  # class names are for the report
-    cls = {"multiclass": MultiClass, "multilabel": MultiLabel, "segmentation": Segmentation}[conf.type]
-    return cls(**kw)
+    try:
+        return cls(**kw)
+    except (ValueError, TypeError) as e:
+        raise ConfigError([f"`task`: {e}"]) from None
+
+
+def _label_source(task: Mapping[str, Any]) -> str | None:
+    """The ``label_source`` of a registered kind named by ``task.type`` (``None`` for classes named by path)."""
+    try:
+        return task_class(str(task.get("type"))).label_source
+    except InvalidParameterError:
+        return None
 
 
 def class_names(cfg: Mapping[str, Any]) -> list[str] | None:
@@ -426,7 +463,8 @@ def class_names(cfg: Mapping[str, Any]) -> list[str] | None:
     """
     task, data = cfg["task"], cfg["data"]
     given = task.get("class_names")
-    if task.get("type") == "multilabel" and data.get("source") == "csv" and data.get("label_column") is None:
+    source = _label_source(task)
+    if source == "vector" and data.get("source") == "csv" and data.get("label_column") is None:
         columns = data.get("label_columns")
         if columns is None:
             import csv
@@ -442,8 +480,7 @@ def class_names(cfg: Mapping[str, Any]) -> list[str] | None:
             raise ConfigError([f"`task.class_names` lists {len(given)} names for the {len(columns)} label columns "
                                f"of `data` ({', '.join(columns)})"])
         return list(given or columns or []) or None
-    if given is None and data.get("source") == "mni152" and task.get("type") == "segmentation" \
-            and task.get("num_classes") == 4:
+    if given is None and data.get("source") == "mni152" and source == "map" and task.get("num_classes") == 4:
         from .data.mni152 import TISSUE_CLASSES
 
         return list(TISSUE_CLASSES)
@@ -522,7 +559,7 @@ def check_data(spec: Mapping[str, Any], base_dir: str | None = None, task: Task 
         return
     from .data.sources import check_source
 
-    check_source(conf, base_dir, task_family(task))
+    check_source(conf, base_dir, task.label_source if task is not None else None)
 
 
 def build_data(spec: Mapping[str, Any], base_dir: str | None = None) -> tuple[Tensor, Tensor]:
@@ -543,7 +580,8 @@ def build_loader(spec: Mapping[str, Any], base_dir: str | None = None, *, batch_
     if conf is not None:
         from .data.sources import make_loader
 
-        return make_loader(conf, base_dir, batch_size=batch_size, task_kind=task_family(task), seed=seed)
+        return make_loader(conf, base_dir, batch_size=batch_size, label_source=task.label_source if task is not None else None,
+                           seed=seed)
     x, y = build_data(spec, base_dir)
     return [(x[i: i + batch_size], y[i: i + batch_size]) for i in range(0, x.shape[0], batch_size)]
 
@@ -608,16 +646,19 @@ def config_fingerprint(cfg: Mapping[str, Any]) -> str:
     return stable_hash({"config": settings, "data": data_identity(cfg["data"], base), "files": files})
 
 
-def _box(spec: ThreatSection) -> Box:
+def _box(spec: ThreatSection, task: Task) -> Box:
+    """The data box of ``threat.bounds``, as the task's inputs need it (:meth:`Task.input_box`)."""
     b = spec.bounds
-    return Box.unbounded() if b is None else Box(b[0], b[1])
+    box = task.input_box(None, None) if b is None else task.input_box(b[0], b[1])
+    assert isinstance(box, Box)
+    return box
 
 
-def _threat(spec: ThreatSection, eps: float, allow_large: bool = False) -> Threat:
+def _threat(spec: ThreatSection, eps: float, task: Task, allow_large: bool = False) -> Threat:
     with warnings.catch_warnings():
         if allow_large:  # the config opted in (`allow_large_budgets: true`): no warning on top
             warnings.simplefilter("ignore", LargeBudgetWarning)
-        return (Linf if spec.norm == "linf" else L2)(eps, bounds=_box(spec))
+        return (Linf if spec.norm == "linf" else L2)(eps, bounds=_box(spec, task))
 
 
 def _relative_paths(value: Any, base_dir: str | None) -> Any:
@@ -640,7 +681,7 @@ def build_attacks(cfg: Mapping[str, Any], task: Task) -> dict[str, Attack]:
     an error naming the closest valid parameter).
     """
     plan: AttackPlan = validate_section(AttackPlan, cfg)
-    box = _box(plan.threat)
+    box = _box(plan.threat, task)
     out: dict[str, Attack] = {}
     for entry in plan.attacks:
         cls = attack_class(entry.name)  # an unknown name gets the closest registered one
@@ -655,7 +696,7 @@ def build_attacks(cfg: Mapping[str, Any], task: Task) -> dict[str, Attack]:
             if budgets is None:
                 raise ConfigError([f"`attacks` entry {label!r} needs an ε: give `budgets: [...]` (or `threat.eps`) "
                                    "in data units, e.g. budgets: [8/255]"])
-            made = {f"{label}@{eps:.6g}": _threat(plan.threat, eps, plan.allow_large_budgets) for eps in budgets}
+            made = {f"{label}@{eps:.6g}": _threat(plan.threat, eps, task, plan.allow_large_budgets) for eps in budgets}
         for key, threat in made.items():
             if key in out:
                 raise ConfigError([f"two `attacks` entries are both called {label!r}; give them distinct `id`s"])

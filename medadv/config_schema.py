@@ -107,7 +107,15 @@ def _distinct_names(value: list[str]) -> list[str]:
 ClassNames = Annotated[list[Annotated[str, Strict(), Field(min_length=1)]], Field(min_length=1),
                        AfterValidator(_distinct_names)]
 
-TASK_TYPES = ("multiclass", "multilabel", "segmentation")
+def _task_types() -> tuple[str, ...]:
+    from .tasks import available_tasks
+
+    return tuple(available_tasks())
+
+
+#: the registered task kinds (:func:`medadv.tasks.available_tasks`) when the schema was built; a config's
+#: ``task.type`` may also name a Task class by dotted path (``package.module:Class``, with ``allow_code``)
+TASK_TYPES = _task_types()
 MODEL_KINDS = ("builder", "monai", "torchvision", "torchscript")
 DATA_SOURCES = ("mni152", "synthetic", "npz", "files", "datalist", "csv")
 FILE_SOURCES = ("files", "datalist", "csv")  # read through MONAI transforms, streamed batch by batch
@@ -316,7 +324,9 @@ class DatalistData(_FileData):
 
 class CsvData(_FileData):
     """A CSV of image paths (relative to the CSV's folder) and labels: ``label_columns`` hold 0/1 per label
-    (multi-label; default: every column but the image and id columns), or ``label_column`` one class index."""
+    (multi-label; default: every column but the image and id columns), or ``label_column`` one class index; for a
+    task kind that reads numbers (``label_source = "values"``: regression) the label column(s) hold real values,
+    one target per column."""
 
     source: Literal["csv"]
     path: str = Field(min_length=1)
@@ -446,11 +456,97 @@ def _tag(field: str, default: str) -> Discriminator:
                          custom_error_message=f"needs `{field}`")
 
 
-TaskSection = Annotated[
-    Annotated[MultiClassTask, Tag("multiclass")] | Annotated[MultiLabelTask, Tag("multilabel")]
-    | Annotated[SegmentationTask, Tag("segmentation")],
-    _tag("type", "multiclass"),
-    _normalise("type", TASK_TYPES, {"multi_class": "multiclass", "multi_label": "multilabel"}),
+def is_code_path(value: Any) -> bool:
+    """``task.type`` names a class by dotted path (``package.module:Class`` or ``package.module.Class``), not a kind."""
+    return isinstance(value, str) and ("." in value or ":" in value)
+
+
+class CustomTask(BaseModel):
+    """A task class named by dotted path (or a kind registered after the schema was built): its parameters are
+    checked against the class's own schema (:meth:`medadv.tasks.Task.config_schema`) once the class is known
+    (a dotted path is imported only with ``allow_code``)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Annotated[str, Strict(), Field(min_length=3)]
+    class_names: ClassNames | None = None
+
+
+_SCALARS: dict[Any, Any] = {bool: Bool, int: Int, float: Number, str: Annotated[str, Strict()]}
+
+
+def _field_type(hint: Any) -> Any:
+    import types
+    import typing
+
+    if hint in _SCALARS:
+        return _SCALARS[hint]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        import functools as ft
+        import operator
+
+        return ft.reduce(operator.or_, [_field_type(a) for a in args])
+    return hint
+
+
+def task_schema_from_signature(cls: type) -> type[BaseModel]:
+    """The config schema of a task class from its ``__init__`` signature: one key per parameter (type hints become
+    strict YAML types, defaults stay defaults, parameters without one are required), plus ``type`` and the
+    report-only ``class_names``; unknown keys are refused with the closest valid one."""
+    import inspect
+    import typing
+
+    from pydantic import create_model
+
+    try:
+        hints = typing.get_type_hints(cls.__init__)  # type: ignore[misc]
+    except Exception:  # noqa: BLE001 -- unresolvable hints: the parameters are still declared, untyped
+        hints = {}
+    from .tasks import available_tasks
+
+    registered = getattr(cls, "name", None) in available_tasks()
+    fields: dict[str, Any] = {"type": (Literal[cls.name] if registered else str, ...),  # type: ignore[attr-defined]
+                              "class_names": (ClassNames | None, None)}
+    for p in inspect.signature(cls.__init__).parameters.values():  # type: ignore[misc]
+        if p.name == "self" or p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            continue
+        hint = _field_type(hints.get(p.name, Any))
+        fields[p.name] = (hint, ... if p.default is inspect.Parameter.empty else p.default)
+    return create_model(f"{cls.__name__}Section", __base__=_Section, **fields)
+
+
+def _task_tag(v: Any) -> Any:
+    t = v.get("type") if isinstance(v, Mapping) else getattr(v, "type", None)
+    if is_code_path(t):
+        return "custom"
+    # a kind registered after this schema was built is checked by its own schema when the task is built
+    return "custom" if isinstance(t, str) and t not in TASK_TYPES and t in _task_types() else t
+
+
+def _normalise_task_type(value: Any) -> Any:
+    if isinstance(value, Mapping) and "type" in value and not is_code_path(value["type"]):
+        value = dict(value)
+        value["type"] = _pick(value["type"], _task_types(), {"multi_class": "multiclass",
+                                                             "multi_label": "multilabel"}, "type")
+    return value
+
+
+def _task_union() -> Any:
+    """The union of every registered kind's schema, tagged by ``type``, and :class:`CustomTask`."""
+    import functools as ft
+    import operator
+
+    from .tasks import registered_task_classes
+
+    branches = [Annotated[cls.config_schema(), Tag(cls.name)] for cls in registered_task_classes()]
+    branches.append(Annotated[CustomTask, Tag("custom")])
+    return ft.reduce(operator.or_, branches)
+
+
+TaskSection: Any = Annotated[  # built from the registry: a runtime type (mypy sees Any)
+    _task_union(),
+    Discriminator(_task_tag, custom_error_type="missing_type", custom_error_message="needs `type`"),
+    BeforeValidator(_normalise_task_type),
 ]
 DataSection = Annotated[
     Annotated[Mni152Data, Tag("mni152")] | Annotated[SyntheticData, Tag("synthetic")]
@@ -459,7 +555,7 @@ DataSection = Annotated[
     _tag("source", "npz"),
     _normalise("source", DATA_SOURCES, {}),
 ]
-_TAGS = set(TASK_TYPES) | set(DATA_SOURCES)
+_TAGS = set(TASK_TYPES) | set(DATA_SOURCES) | {"custom"}
 _BRANCHES = {"float", "int", "str", "bool", "nullable", "constrained-float", "constrained-int"}  # union branch names pydantic puts in error locations
 
 

@@ -25,9 +25,9 @@ from torch import Tensor, nn
 from . import distributed as dist
 from .attacks.base import Attack, AttackDetails, attack_mode, check_input, model_device
 from .params import object_settings, stable_hash
-from .results import DETAIL_PREFIX, METRIC_COLUMNS, Results
+from .results import DETAIL_PREFIX, Results
 from .runtime import all_finite, forward_tensor
-from .tasks import MultiClass, MultiLabel, Outcome, Segmentation, Task
+from .tasks import Outcome, Task
 
 __all__ = ["evaluate", "sample_rows", "detail_rows"]
 
@@ -364,22 +364,14 @@ def _affines(x: Any, n: int) -> Tensor | None:
 
 
 def _labels(task: Task, x: Tensor, y: Any) -> Any:
-    """Labels as the task reads them: a MONAI label map ``(N, 1, *spatial)`` (float, as LoadImaged reads it)
-    becomes ``(N, *spatial)`` class indices; class-index columns ``(N, 1)`` become ``(N,)``."""
+    """Labels as the task reads them (:meth:`Task.parse_labels`: a MONAI label map ``(N, 1, *spatial)`` becomes
+    ``(N, *spatial)`` class indices, class-index columns ``(N, 1)`` become ``(N,)``); lists of numbers a tensor."""
     if isinstance(y, list | tuple) and y and all(isinstance(v, int | float | bool) for v in y):
         y = torch.as_tensor(y)
     y = _plain_tensor(y)
     if not isinstance(y, Tensor):
         return y
-    if isinstance(task, Segmentation | MultiClass):
-        if y.ndim == (x.ndim if isinstance(task, Segmentation) else 2) and y.ndim >= 2 and y.shape[1] == 1:
-            y = y[:, 0]
-        if y.is_floating_point():
-            if y.numel() and not bool((y == y.round()).all()):
-                raise ValueError(f"`y` of a {type(task).__name__} batch must hold class indices; got non-integer "
-                                 "values (interpolated labels? resample label maps with mode='nearest')")
-            y = y.long()
-    return y
+    return task.parse_labels(y, x)
 
 
 def _parse(batch: Any, task: Task, image_key: str, label_key: str) -> _Batch:
@@ -553,10 +545,10 @@ def _saved_columns(model: nn.Module, task: Task, atk: Attack, folder: Path, sub:
     metric_col, metric = None, None
     try:
         metric = task.robust_metric(logits_q, y_d)
-        metric_col = "saved_adv_" + METRIC_COLUMNS.get(task.robust_metric_name, task.robust_metric_name)
+        metric_col = "saved_adv_" + (task.robust_metric_column or task.robust_metric_name)
     except NotImplementedError:
         pass
-    as_bool = isinstance(task, MultiClass | MultiLabel)
+    as_bool = task.robust_metric_binary
     f_, s_, c_, l_ = (t.cpu().tolist() for t in (fooled, still, changed, linf))
     m_ = metric.cpu().tolist() if metric is not None else None
     rows = []

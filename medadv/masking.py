@@ -47,9 +47,8 @@ import torch
 from torch import Tensor, nn
 
 from .params import Int, Optional, Real
-from .results import METRIC_COLUMNS
 from .runtime import attack_mode, check_input, check_model, forward_tensor, model_device
-from .tasks import MultiLabel, Segmentation, Task
+from .tasks import Task
 from .threats import Bounds, Box, LargeBudgetWarning
 
 __all__ = [
@@ -63,7 +62,7 @@ __all__ = [
     "monotone_flags",
     "check_unbounded",
     "run_checks",
-    "HEADLINE_COLUMNS",
+    "headline_columns",
 ]
 
 #: every check: id -> one-line description (for reports)
@@ -79,7 +78,12 @@ CHECKS: dict[str, str] = {
 }
 
 #: the per-sample robust-metric column of :func:`~medadv.evaluation.sample_rows`, per task, in lookup order
-HEADLINE_COLUMNS: tuple[str, ...] = tuple("adv_" + c for c in METRIC_COLUMNS.values())
+def headline_columns() -> tuple[str, ...]:
+    """``adv_<column>`` of every registered task kind's robust metric (``adv_correct``, ``adv_exact_match``,
+    ``adv_mean_dice``, ...): the columns :func:`masking_table` reads when none is named."""
+    from .tasks import robust_metric_columns
+
+    return tuple(dict.fromkeys("adv_" + c for c in robust_metric_columns().values()))
 
 
 @dataclass(frozen=True)
@@ -128,7 +132,7 @@ def _labels(task: Task, logits: Tensor, y: Any) -> Tensor:
 
 def _check_task(task: Any) -> Task:
     if not isinstance(task, Task):
-        raise TypeError(f"`task` must be a medadv Task (MultiClass, MultiLabel, Segmentation), got {task!r}")
+        raise TypeError(f"`task` must be a medadv Task (a task kind of `medadv.tasks.available_tasks()`), got {task!r}")
     return task
 
 
@@ -245,11 +249,13 @@ def check_probability_outputs(task: Task, logits: Tensor, *, atol: float = 1e-3,
     atol = Real(0.0).check(atol, "atol", owner)
     min_values = Int(1).check(min_values, "min_values", owner)
     task.validate(logits, None)
+    if not task.outputs_are_logits:  # values (regression): a range of [0, 1] is a fact of the data, not a symptom
+        return None
     out = logits.detach().double()
     bounded = bool(((out >= -atol) & (out <= 1.0 + atol)).all())
     if not bounded:
         return None
-    if not isinstance(task, MultiLabel) and out.ndim >= 2 and out.shape[1] >= 2:
+    if task.exclusive_classes and out.ndim >= 2 and out.shape[1] >= 2:
         deviation = float((out.sum(dim=1) - 1.0).abs().max())
         if deviation <= atol:
             return MaskingFlag(
@@ -262,7 +268,7 @@ def check_probability_outputs(task: Task, logits: Tensor, *, atol: float = 1e-3,
             )
     if out.numel() < min_values:
         return None
-    what = "sigmoid probabilities" if isinstance(task, MultiLabel) else "bounded scores (e.g. per-class sigmoids)"
+    what = "bounded scores (e.g. per-class sigmoids)" if task.exclusive_classes else "sigmoid probabilities"
     return MaskingFlag(
         "probability_outputs",
         f"All {out.numel()} outputs of the batch lie in [0, 1], which real logits almost never do: the model "
@@ -439,7 +445,7 @@ def monotone_flags(results: Any, attack: str | None = None, *, column: str | Non
 
     Rows are grouped by ``attack`` (only ``attack`` when given); rows without a numeric ``budget`` are
     skipped. The metric is ``column`` or, by default, the task's headline per-sample column of
-    :func:`~medadv.evaluation.sample_rows` (:data:`HEADLINE_COLUMNS`: ``adv_correct`` multi-class,
+    :func:`~medadv.evaluation.sample_rows` (:func:`headline_columns`: ``adv_correct`` multi-class,
     ``adv_exact_match`` multi-label, ``adv_mean_dice`` segmentation). Each budget's mean is taken over the
     samples present at every budget of that attack (so a partly resumed table compares like with like).
     Attacks with fewer than two budgets or without the column give no flag.
@@ -461,7 +467,7 @@ def monotone_flags(results: Any, attack: str | None = None, *, column: str | Non
             by_attack.setdefault(_base_name(r.get("attack")), []).append(r)
     flags = []
     for name, group in by_attack.items():
-        col = column or next((c for c in HEADLINE_COLUMNS if any(r.get(c) is not None for r in group)), None)
+        col = column or next((c for c in headline_columns() if any(r.get(c) is not None for r in group)), None)
         if col is None:
             continue
         per_budget: dict[float, dict[Any, float]] = {}
@@ -529,7 +535,7 @@ def check_unbounded(model: nn.Module, task: Task, x: Tensor, y: Tensor | None, b
     seed = Optional(Int()).check(seed, "seed", owner)
     tolerance = Optional(Real(0.0)).check(tolerance, "tolerance", owner)
     if tolerance is None:
-        tolerance = 0.1 if isinstance(task, Segmentation) else 0.05
+        tolerance = task.unbounded_tolerance
     eps = Optional(Real(0.0, low_open=True)).check(eps, "eps", owner)
     box = Box.coerce(box, "box")
     model, x0 = _model_batch(model, x, box, owner)

@@ -48,9 +48,8 @@ COLUMN_LEGEND = {
 ENSEMBLE_COLUMN = "attack_metric_after"
 #: detail columns of ``auto`` shown by the ensemble and masking tables instead of the generic means
 ENSEMBLE_DETAILS = ("attack_metric_after", "attack_attacked", "attack_seconds", "attack_components", "attack_metric",
+                    "attack_worst_of", "attack_worst_of_columns",
                     "attack_masking", "attack_masking_messages")
-#: the per-sample result column of each robust metric (``Task.robust_metric_name``), ``clean_``/``adv_`` prefixed
-METRIC_COLUMNS = {"accuracy": "correct", "exact_match": "exact_match", "mean_dice": "mean_dice"}
 #: prefix of the columns that hold an attack's declared per-sample outputs (``AttackDetails.columns``)
 DETAIL_PREFIX = "attack_"
 
@@ -94,7 +93,13 @@ def _columns(rows: Iterable[dict[str, Any]]) -> list[str]:
 
 
 def _clean_metric(row: dict[str, Any], metric: str) -> float | None:
-    v = row.get("clean_" + METRIC_COLUMNS.get(metric, metric))
+    if metric == "worst-of":  # auto's selection by the mean of several metrics (segmentation)
+        vals = [row.get("clean_" + c) for c in row.get(DETAIL_PREFIX + "worst_of_columns") or []]
+        nums = [float(v) for v in vals if v is not None]
+        return None if not nums or len(nums) != len(vals) else sum(nums) / len(nums)
+    from .tasks import robust_metric_columns
+
+    v = row.get("clean_" + robust_metric_columns().get(metric, metric))
     return None if v is None else float(v)
 
 
@@ -214,6 +219,24 @@ class Results:
                     "n": len(rows),
                 })
                 previous = after
+        return table
+
+    def worst_of_table(self) -> list[dict[str, Any]]:
+        """Per (attack, budget) of an ensemble that records per-metric worst cases (``auto`` on segmentation): the
+        mean of each metric's own worst case over the members (``worst_<column>``, possibly from different
+        members) next to the mean of the example kept (``adv_<column>``, the worst by the selection metric)."""
+        table = []
+        for (attack, budget), rows in self.groups().items():
+            rows = [r for r in rows if isinstance(r.get(DETAIL_PREFIX + "worst_of"), list)]
+            if not rows:
+                continue
+            names = rows[0].get(DETAIL_PREFIX + "worst_of_columns") or []
+            row: dict[str, Any] = {"attack": attack, "budget": budget, "selected by": rows[0].get(DETAIL_PREFIX + "metric")}
+            for i, c in enumerate(names):
+                row[f"worst_{c}"] = _mean(r[DETAIL_PREFIX + "worst_of"][i] for r in rows)
+                row[f"adv_{c}"] = _mean(r.get(f"adv_{c}") for r in rows)
+            row["n"] = len(rows)
+            table.append(row)
         return table
 
     def masking_flags(self) -> list[dict[str, Any]]:

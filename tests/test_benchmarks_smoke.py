@@ -6,6 +6,7 @@ value or an explicit "n/a" for each of the rows 1 to 10, so it cannot silently r
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -37,3 +38,35 @@ def test_gpu_benchmark_smoke_has_every_row(tmp_path):
     # rows that run on every device have numbers, not n/a
     for num in (1, 3, 4, 5, 9, 10):
         assert all(not e[3].startswith("n/a") for e in rows[num]), rows[num]
+
+
+def test_certify_benchmark_smoke_has_every_table(tmp_path):
+    """benchmarks/certify.py ``--smoke``: three tasks, natural and noise-trained rows, a certified/auto pair at each
+    of the three radii and the certified ≤ empirical check (never the numbers: the smoke sizes are meaningless)."""
+    out = tmp_path / "certify.md"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "certify.py"), "--smoke", "--output", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "MEDADV_CACHE": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = out.read_text()
+    assert text.count("\n## ") == 3
+    rows = [line for line in text.splitlines() if line.startswith("| natural |") or line.startswith("| noise |")]
+    assert len(rows) == 6
+    for line in rows:
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        assert len(cells) == 11 and all(re.fullmatch(r"\d\.\d{3} / \d\.\d{3}", c) for c in cells[4:7]), cells
+        assert cells[-1] in ("yes", "NO")
+
+
+def test_sea_benchmark_without_the_reference_says_so_and_runs_auto(tmp_path):
+    """benchmarks/sea_bench.py ``--quick`` with no ``MEDADV_SEA_ROOT``: one plain line saying SEA is not run, and the
+    table of ``auto`` (the three metrics at the budget) still printed."""
+    env = {k: v for k, v in os.environ.items() if k != "MEDADV_SEA_ROOT"}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sea_bench.py"), "--quick", "--models", "seg2d",
+                           "--eps", "4", "--selections", "worst-of"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env={**env, "MEDADV_CACHE": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "MEDADV_SEA_ROOT is not set: SEA is not run" in done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| 4/255 |")]
+    assert [r.split(" | ")[1] for r in rows] == ["mean_dice", "pixel_accuracy", "miou"]
+    assert all(r.split(" | ")[3] == "—" for r in rows)  # no SEA column without the reference

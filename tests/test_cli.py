@@ -639,7 +639,7 @@ def test_evaluate_runs_the_config_studies_and_writes_report_html(trained_multila
 
 def test_studies_mistakes_are_one_line(tmp_path, capsys):
     _check_evaluate_fails(tmp_path, capsys, "`studies[0].study` must be one of 'classwise', 'transfer', "
-                          "'corruptions', 'noise_baseline', 'frequency', 'models', 'correlation'; got 'classwize'; "
+                          "'corruptions', 'noise_baseline', 'frequency', 'models', 'correlation', 'certify'; got 'classwize'; "
                           "did you mean 'classwise'?", studies=["classwize"])
     _check_evaluate_fails(tmp_path, capsys, "`studies`: 'transfer' compare several models, and a config names one: "
                           "call medadv.studies.transfer / medadv.studies.models from Python with a {name: model} "

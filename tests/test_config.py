@@ -18,7 +18,11 @@ BASE = {"threat": {"norm": "linf", "bounds": [0.0, 1.0]}, "budgets": [0.05, 0.1]
 
 def _task_for(name: str):
     cls = attack_class(name)
-    for task in (MultiClass(), MultiLabel(), Segmentation(3)):
+    from medadv.tasks import registered_task_classes
+
+    # the built-in kinds first, then every kind registered later (its first example's task)
+    later = (k.example().task for k in registered_task_classes() if k not in (MultiClass, MultiLabel, Segmentation))
+    for task in (MultiClass(), MultiLabel(), Segmentation(3), *later):
         if not cls.tasks or any(c.__name__ in cls.tasks for c in type(task).__mro__):
             return task
     raise AssertionError(f"{name} admits no task")
@@ -45,7 +49,10 @@ def test_every_registered_attack_builds_from_its_name(name):
     else:
         assert list(built) == [f"{name}@0.05", f"{name}@0.1"]
         assert [a.budget for a in built.values()] == [0.05, 0.1]
-        assert all(isinstance(a.threat, Linf) and a.box == Box(0.0, 1.0) for a in built.values())
+        # the task's own data box (a promptable task's pins its prompt-code channels)
+        box = _task_for(name).input_box(0.0, 1.0)
+        assert all(isinstance(a.threat, Linf) and a.box == box for a in built.values())
+        assert box == Box(0.0, 1.0) or type(box) is not Box
     assert all(type(a) is cls for a in built.values())
 
 

@@ -22,7 +22,7 @@ from medadv.config_schema import (
     parse_budget,
     validate_config,
 )
-from medadv.tasks import MultiClass, MultiLabel, Segmentation
+from medadv.tasks import MultiClass, MultiLabel, Segmentation, available_tasks
 
 BASE = {"model": {"builder": "small_cnn"}, "task": {"type": "multiclass"}, "data": {"source": "mni152"},
         "threat": {"norm": "linf", "bounds": [0, 1]}, "budgets": [0.1], "attacks": ["fgsm"]}
@@ -60,9 +60,9 @@ def test_documented_configs_stay_valid():
     ({"threat": {"bound": [0, 1]}}, "unknown key `bound` in `threat`; did you mean `bounds`?"),
     ({"threat": {"norm": "L-inf", "bounds": [0, 1]}}, "`threat.norm` must be one of 'linf', 'l2'; got 'L-inf' (str); "
                                                       "did you mean 'linf'?"),
-    ({"task": {"type": "segmentatio", "num_classes": 3}}, "`task.type` must be one of 'multiclass', 'multilabel', "
-                                                          "'segmentation'; got 'segmentatio' (str); did you mean "
-                                                          "'segmentation'?"),
+    ({"task": {"type": "segmentatio", "num_classes": 3}},  # every registered kind, built-in ones first
+     f"`task.type` must be one of {', '.join(map(repr, available_tasks()))}; got 'segmentatio' (str); did you mean "
+     "'segmentation'?"),
     ({"data": {"source": "nifti", "path": "x"}}, "`data.source` must be one of 'mni152', 'synthetic', 'npz', 'files', "
                                                  "'datalist', 'csv'; got 'nifti' (str)"),
     ({"data": {"source": "datalist", "path": "d.json", "keys": "test"}},

@@ -33,6 +33,7 @@ from .fgsm import FGSM
 from .gap import GAP
 from .gradient import GradientAttack
 from .pgd import PGD
+from .prompt_agnostic import PromptAgnostic, PromptAgnosticDetails
 from .relevance import RelevanceDetails, SaliencyRelevance
 from .resistance import ResistanceDetails, SaliencyResistance
 from .saliency import SaliencyAttack, SaliencyDetails
@@ -46,7 +47,7 @@ __all__ = [
     "register",
     "IterativeAttack", "StepContext", "EngineOutput",
     "StepRule", "ThreatStep", "SignStep", "NormalizedStep", "MomentumStep", "AdamStep",
-    "GradientAttack", "FGSM", "BIM", "PGD", "CosPGD", "SegPGD", "APGD", "APGDDetails",
+    "GradientAttack", "FGSM", "BIM", "PGD", "PromptAgnostic", "PromptAgnosticDetails", "CosPGD", "SegPGD", "APGD", "APGDDetails",
     "AutoAttack", "AutoEvaluation", "AutoDetails",
     "DAG", "DAGDetails", "dag_target_a", "dag_target_b", "dag_target_c", "calibrate_step_size", "calibrate_gamma",
     "VAFA", "VAFA2D", "VAFADetails", "soft_round", "soft_quantize",

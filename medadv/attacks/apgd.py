@@ -28,7 +28,8 @@ from .steps import StepRule
 __all__ = ["APGD", "APGDDetails", "APGDStep", "apgd_checkpoints", "LOSSES"]
 
 #: APGD's objectives (see :class:`APGD`)
-LOSSES = ("ce", "margin", "dlr", "cospgd", "segpgd", "balanced-ce", "js")
+LOSSES = ("ce", "margin", "dlr", "cospgd", "segpgd", "balanced-ce", "js", "masked-ce", "masked-balanced-ce",
+          "signed-up", "signed-down")
 
 
 def apgd_checkpoints(steps: int) -> dict[int, int]:
@@ -186,6 +187,16 @@ class APGD(IterativeAttack):
       (segmentation only).
     * ``"js"``: the Jensen–Shannon divergence between the predicted and the label distribution per element
       (bounded by log 2: confidently wrong elements do not dominate).
+    * ``"masked-ce"`` / ``"masked-balanced-ce"``: the per-voxel cross-entropy (plain, or class-balanced as
+      ``"balanced-ce"``) of only the voxels still predicted as their label (untargeted; targeted: not yet at the
+      target), the mask recomputed and detached every step — SEA's masked losses (Croce, Singh & Hein, ECCV 2024):
+      voxels already flipped stop pulling the gradient, so it goes to the ones left. The final scoring of the last
+      iterate is unmasked (segmentation only).
+    * ``"signed-up"`` / ``"signed-down"``: the task's signed error ``pred − y`` per element (``task.signed_error``,
+      regression: target units), averaged and ascended (``up``: drive every output above its target) or descended
+      (``down``). Linear in the output, so its gradient does not vanish at ``pred = y`` as the squared or absolute
+      error's does; ``auto``'s ``apgd-signed`` member runs both and keeps the larger deviation. Tasks without a
+      signed error (class outputs) refuse it. Not targeted: the direction is the goal.
 
     The call accepts ``weight=``: per-element weights of the loss or margin, shaped like ``y``'s element grid
     (``(N,)``, ``(N, L)`` or ``(N, *spatial)``), e.g. to focus the attack on some labels or organs; not
@@ -197,8 +208,8 @@ class APGD(IterativeAttack):
         steps: iterations T (one forward and backward each, plus one forward to score the last iterate);
             the paper uses 100.
         restarts: runs from independent random starts; per sample the best run is kept.
-        loss: ``"ce"``, ``"margin"``, ``"dlr"``, ``"cospgd"``, ``"segpgd"``, ``"balanced-ce"`` or ``"js"``
-            (see above).
+        loss: ``"ce"``, ``"margin"``, ``"dlr"``, ``"cospgd"``, ``"segpgd"``, ``"balanced-ce"``, ``"js"``,
+            ``"masked-ce"``, ``"masked-balanced-ce"``, ``"signed-up"`` or ``"signed-down"`` (see above).
         rho: checkpoint test ρ (fraction, 0..1): the step size halves when at most ρ of the steps since the
             last checkpoint increased the objective. 0.75 in the paper.
         momentum: α (weight, 0 < α <= 1) of the new projected step; ``1 − α`` weights the previous move.
@@ -253,8 +264,18 @@ class APGD(IterativeAttack):
         if self.loss == "dlr" and not callable(getattr(task, "dlr", None)):
             raise TypeError(f"`loss='dlr'` of APGD is AutoAttack's multi-class loss and {task!r} has none; "
                             "use loss='margin' (the per-label / per-voxel logit margin) or loss='ce'")
-        if self.loss == "balanced-ce" and not isinstance(task, Segmentation):
-            raise TypeError(f"`loss='balanced-ce'` of APGD balances the classes of a label map (segmentation); "
+        if self.loss.startswith("signed-"):
+            if not callable(getattr(task, "signed_error", None)):
+                raise TypeError(f"`loss={self.loss!r}` of APGD moves a regression output up or down (the task's "
+                                f"`signed_error`); {task!r} has none: use loss='ce' or loss='margin'")
+            if self.targeted:
+                raise TypeError(f"`loss={self.loss!r}` of APGD is untargeted (its direction is its goal); for a "
+                                "targeted attack use loss='ce' with the target values as `y`")
+        if self.loss in ("js", "cospgd") and not task.class_scores:
+            raise TypeError(f"`loss={self.loss!r}` of APGD compares class distributions and the outputs of {task!r} "
+                            "are not class scores: use loss='ce' or loss='margin'")
+        if self.loss in ("balanced-ce", "masked-ce", "masked-balanced-ce") and not isinstance(task, Segmentation):
+            raise TypeError(f"`loss={self.loss!r}` of APGD works on the voxels of a label map (segmentation); "
                             f"{task!r} has none: use loss='ce' or loss='margin'")
 
     # --- objective -----------------------------------------------------------------------------------------
@@ -266,6 +287,9 @@ class APGD(IterativeAttack):
             else:
                 value = self.task.dlr(logits, y)  # type: ignore[attr-defined]
             return value if self.targeted else -value  # a positive margin means "predicted as y"
+        if self.loss.startswith("signed-"):
+            value = self.task.reduce(self.task.signed_error(logits, y), y, weight)  # type: ignore[attr-defined]
+            return value if self.loss == "signed-up" else -value
         if self.loss == "js":
             value = self.task.reduce(js_divergence(self.task, logits, y), y, weight)
         else:
@@ -274,11 +298,15 @@ class APGD(IterativeAttack):
                 w = cosine_weights(self.task, logits, y, self.targeted)
             elif self.loss == "segpgd" and ctx.step >= 0:  # the final scoring (step -1) is unweighted
                 w = segpgd_weights(self.task, logits, y, ctx.step, self.steps, self.targeted)
-            elif self.loss == "balanced-ce":
+            elif self.loss in ("balanced-ce", "masked-balanced-ce"):
                 w = ctx.state["balance"]
+            if self.loss.startswith("masked-") and ctx.step >= 0:  # the final scoring (step -1) is unmasked
+                at_label = self.task.predict(logits.detach()) == y
+                mask = (~at_label if self.targeted else at_label).to(logits.dtype)
+                w = mask if w is None else w * mask
             if weight is not None:
                 w = weight if w is None else w * weight
-            if self.loss == "balanced-ce":  # per-voxel CE, whatever loss the task trains with
+            if self.loss in ("balanced-ce", "masked-ce", "masked-balanced-ce"):  # per-voxel CE, whatever the task trains with
                 value = self.task.reduce(self.task.element_loss(logits, y), y, w)
             else:
                 value = self.task.loss(logits, y, w)
@@ -296,7 +324,7 @@ class APGD(IterativeAttack):
         weight = ctx.shared.pop("weight", None)
         if weight is not None:  # per sample: follows the active set
             ctx.state["weight"] = self._check_weight(weight, ctx)
-        if self.loss == "balanced-ce":
+        if self.loss in ("balanced-ce", "masked-balanced-ce"):
             assert isinstance(self.task, Segmentation)
             ctx.state["balance"] = balanced_weights(self.task, ctx.y)
         if isinstance(self.threat, Linf):  # the ball's corners, per sample (they follow the active set)

@@ -11,6 +11,11 @@ that metric (:meth:`~medadv.tasks.Task.robust_metric`: accuracy, exact match of 
 * Multi-label: APGD on the per-label BCE, APGD on the per-label margin, APGD focused on flipping each
   sample's least-confident labels (one run per label, the multi-label analogue of APGD-T), and the
   score-based Square attack on the smallest label margin (a black-box member that exposes masked gradients).
+* Regression (:class:`~medadv.tasks.Regression`): APGD on the task's loss (MSE / L1 / Huber), APGD on the
+  signed error (one run driving the outputs up, one down, the larger deviation kept), optionally APGD on the
+  tolerance margin, and Square on the smallest margin (the largest error); the worst case per sample by the
+  closeness ``1 / (1 + largest error in tolerance units)``, which is graded beyond the tolerance, so the members
+  keep enlarging the deviation.
 * Segmentation (2-D and 3-D): APGD with several per-voxel losses (the task's loss, class-balanced CE,
   Jensen–Shannon to the one-hot label, the CosPGD and SegPGD weightings), optionally with SEA's progressive
   radius (Croce, Singh, Hein, ECCV 2024: phases at 2ε and 1.5ε, then ε; the result always in the ε-ball), then
@@ -31,9 +36,9 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..params import Bool, Constant, Int, InvalidParameterError, Names, Optional, Options, _did_you_mean
+from ..params import Bool, Constant, Int, InvalidParameterError, Names, Optional, Options, Real, _did_you_mean
 from ..runtime import forward_tensor
-from ..tasks import Segmentation, Task, task_family
+from ..tasks import Task, registered_task_classes
 from ..threats import Threat
 from .apgd import APGD
 from .base import Attack, AttackDetails, register
@@ -42,52 +47,42 @@ from .square import Square
 
 __all__ = ["AutoEvaluation", "AutoDetails", "COMPONENTS", "VERSIONS", "auto_components"]
 
-#: the members each task can use, in the standard order (``attacks`` of ``version="custom"`` picks among them)
-COMPONENTS: dict[str, tuple[str, ...]] = {
-    "multiclass": ("apgd-ce", "apgd-t", "fab-t", "square", "apgd-dlr", "fab"),
-    "multilabel": ("apgd-ce", "apgd-margin", "apgd-flip", "square", "apgd-js", "apgd-cospgd", "apgd-segpgd"),
-    "segmentation": ("apgd-ce", "apgd-balanced-ce", "apgd-js", "apgd-cospgd", "apgd-segpgd", "square",
-                     "apgd-margin"),
-}
+def _kinds() -> dict[str, type[Task]]:
+    return {cls.name: cls for cls in registered_task_classes() if cls.auto_members}
 
-#: per task: the members of ``standard`` and ``fast``, and their defaults (APGD steps, targets, Square queries)
+
+#: per registered task kind, the members ``auto`` can use, in the standard order (``attacks`` of
+#: ``version="custom"`` picks among them); declared by each kind (``Task.auto_members``)
+COMPONENTS: dict[str, tuple[str, ...]] = {k: tuple(c.auto_members) for k, c in _kinds().items()}
+
+#: per registered task kind: the members of ``standard`` and ``fast``, and their defaults (APGD steps, targets,
+#: Square queries); declared by each kind (``Task.auto_versions``)
 VERSIONS: dict[str, dict[str, dict[str, Any]]] = {
-    "multiclass": {
-        "standard": {"attacks": ("apgd-ce", "apgd-t", "fab-t", "square"), "steps": 100, "targets": 9,
-                     "queries": 5000},
-        "fast": {"attacks": ("apgd-ce", "apgd-t", "square"), "steps": 20, "targets": 3, "queries": 500},
-    },
-    "multilabel": {
-        "standard": {"attacks": ("apgd-ce", "apgd-margin", "apgd-flip", "square"), "steps": 100, "targets": 3,
-                     "queries": 1000},
-        "fast": {"attacks": ("apgd-ce", "apgd-margin", "apgd-flip", "square"), "steps": 20, "targets": 1,
-                 "queries": 500},
-    },
-    "segmentation": {
-        "standard": {"attacks": ("apgd-ce", "apgd-balanced-ce", "apgd-js", "apgd-cospgd", "apgd-segpgd", "square"),
-                     "steps": 100, "targets": 1, "queries": 500},
-        "fast": {"attacks": ("apgd-ce", "apgd-balanced-ce", "apgd-js", "apgd-segpgd", "square"), "steps": 20,
-                 "targets": 1, "queries": 100},
-    },
-}
+    k: {v: dict(spec) for v, spec in c.auto_versions.items()} for k, c in _kinds().items()}
 
 #: every member name of any task (which ones a task accepts is checked with the task)
 MEMBER_NAMES = tuple(dict.fromkeys(n for names in COMPONENTS.values() for n in names))
+
+#: the metrics ``auto`` can keep the worst case by (``metric``): those some registered kind declares
+#: (``Task.selection_metrics``), and ``worst-of``
+SELECTION_METRICS = (*dict.fromkeys(m for c in _kinds().values() for m in c.selection_metrics), "worst-of")
 
 #: SEA's progressive radius: (radius in units of ε, fraction of the steps), then ε for the rest
 RADIUS_SCHEDULE = ((2.0, 0.3), (1.5, 0.3))
 
 
-def _task_key(task: Task) -> str:
-    key = task_family(task)
-    if key is None:
-        raise TypeError(f"`auto` supports MultiClass, MultiLabel and Segmentation tasks, got {task!r}")
-    return key
+def _task_spec(task: Task) -> type[Task]:
+    cls = type(task)
+    if not cls.auto_members or not cls.auto_versions:
+        kinds = ", ".join(_kinds())
+        raise TypeError(f"`auto` has no members for {task!r} (its task kind declares no `auto_members` / "
+                        f"`auto_versions`); kinds with members: {kinds}")
+    return cls
 
 
 def auto_components(task: Task, version: str = "standard") -> tuple[str, ...]:
     """The members ``auto`` runs for ``task`` with ``version`` (``"standard"`` or ``"fast"``), in order."""
-    return tuple(VERSIONS[_task_key(task)][version]["attacks"])
+    return tuple(_task_spec(task).auto_versions[version]["attacks"])
 
 
 class _ComponentAPGD(APGD):
@@ -100,6 +95,16 @@ class _ComponentAPGD(APGD):
     """
 
     radius: tuple[tuple[float, float], ...] = ()
+    #: the per-sample metric the worst iterate is kept by (``auto``'s ``metric``); None: the task's robust metric
+    score: Callable[[Tensor, Tensor], Tensor] | None = None
+    #: a sample stops once its metric is at or below this (``auto``'s ``stop_below``); None: the task's floor
+    floor: float | None = None
+
+    def _metric(self, logits: Tensor, y: Tensor) -> Tensor:
+        return (self.score or self.task.robust_metric)(logits, y)
+
+    def _floor(self) -> float:
+        return self.task.metric_floor if self.floor is None else self.floor
 
     def run(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor | None, *, skip: Tensor | None = None,
             **call_args: Any):
@@ -117,6 +122,7 @@ class _ComponentAPGD(APGD):
                                  random_start=self.random_start and i == 0, seed=self.seed,
                                  active_set=self.active_set and factor == 1.0,
                                  check_every=max(1, min(self.check_every, steps)))
+            sub.score, sub.floor = self.score, self.floor
             if start is not None:
                 call_args["start"] = threat.finalize(x, start)  # the previous result, in this phase's ball
             out = sub.run(model, x, y, logits, skip=skip, **call_args)
@@ -136,13 +142,13 @@ class _ComponentAPGD(APGD):
     def stop(self, logits: Tensor, ctx: StepContext) -> Tensor | None:
         if not self.active_set:
             return None
-        return self.task.robust_metric(logits.detach(), ctx.y) <= self.task.metric_floor
+        return self._metric(logits.detach(), ctx.y) <= self._floor()
 
     def assess(self, model: nn.Module, v: Tensor, logits: Tensor, objective: Tensor,
                ctx: StepContext) -> tuple[Tensor, Tensor]:
-        if isinstance(self.task, Segmentation):  # the worst case by Dice, not by the surrogate loss
-            metric = self.task.robust_metric(logits.detach(), ctx.y)
-            return metric <= self.task.metric_floor, -metric.to(torch.float64)
+        if not self.task.robust_metric_binary:  # a graded metric (Dice): the worst case by it, not by the loss
+            metric = self._metric(logits.detach(), ctx.y)
+            return metric <= self._floor(), -metric.to(torch.float64)
         return super().assess(model, v, logits, objective, ctx)
 
 
@@ -150,8 +156,12 @@ class _ComponentSquare(Square):
     """Square as a member of ``auto``: a sample is done at the floor of the task's robust metric
     (segmentation: Dice 0, not the task's ``fooled`` threshold)."""
 
+    score: Callable[[Tensor, Tensor], Tensor] | None = None
+    floor: float | None = None
+
     def finished(self, logits: Tensor, y: Tensor) -> Tensor:
-        return self.task.robust_metric(logits, y) <= self.task.metric_floor
+        metric = (self.score or self.task.robust_metric)(logits, y)
+        return metric <= (self.task.metric_floor if self.floor is None else self.floor)
 
 
 #: a member: (model, x, y, clean logits, skip mask) -> adversarial batch (rows of skipped samples ignored)
@@ -174,10 +184,14 @@ class AutoDetails(AttackDetails):
         metric: the name of the robust metric (``accuracy``, ``exact_match``, ``mean_dice``).
         masking: ids of the gradient-masking checks that fired on this batch (:mod:`medadv.masking`).
         masking_messages: their explanations.
+        worst_of: ``(N, M)`` for kinds with several selection metrics (segmentation): each metric's own worst case
+            over the clean output and every member's output — possibly from different members — in the order of
+            ``worst_of_columns`` (``mean_dice``, ``pixel_accuracy``, ``miou``); ``None`` for other kinds.
+        worst_of_columns: the result columns of ``worst_of``.
     """
 
     columns: ClassVar[tuple[str, ...]] = ("metric_after", "attacked", "seconds", "components", "metric",
-                                          "masking", "masking_messages")
+                                          "masking", "masking_messages", "worst_of", "worst_of_columns")
     metric_after: Tensor
     attacked: Tensor
     seconds: Tensor
@@ -186,6 +200,8 @@ class AutoDetails(AttackDetails):
     metric: str = ""
     masking: list[str] = field(default_factory=list)
     masking_messages: list[str] = field(default_factory=list)
+    worst_of: Tensor | None = None
+    worst_of_columns: list[str] = field(default_factory=list)
 
 
 @register("auto")
@@ -217,8 +233,18 @@ class AutoEvaluation(Attack):
         queries: Square's query budget per sample (default: the version's).
         progressive_radius: SEA's progressive radius reduction for the APGD members: 30 % of the steps in a
             ball of 2ε, 30 % at 1.5ε (each phase starting from the previous result, with a fresh step-size
-            schedule), then ε. Off by default: on the UNets of ``benchmarks/auto.md`` it left the ensemble's
-            Dice equal (3-D) or higher (2-D). Not available for multi-class (pyautoattack's members).
+            schedule), then ε. Default: the version's (off: on the UNets of ``benchmarks/auto.md`` it left the
+            ensemble's Dice equal or higher). Not available for multi-class (pyautoattack's members).
+        metric: the per-sample metric the worst case is kept by, for kinds that declare several
+            (``Task.selection_metrics``; segmentation: ``"dice"`` (mean Dice, the default), ``"accuracy"``
+            (pixel accuracy, SEA's choice), ``"miou"``), or ``"worst-of"``: kept by the default metric, with each
+            metric's own worst case over the members recorded (``details.worst_of``). Every member keeps its
+            iterate, and the ensemble its example, by this metric; ``details.worst_of`` is recorded whatever the
+            choice, and result rows carry Dice, pixel accuracy and mIoU of the example kept.
+        stop_below: early stop (off by default): a sample leaves the ensemble once its metric is at or below this
+            value (metric units, e.g. 0.1 Dice), instead of only at the floor. Saves work; the result is then an
+            upper bound that stops improving below the threshold.
+        stop_on_no_gain: early stop (off by default): a sample leaves once a member fails to lower its metric.
         checks: run the gradient-masking checks on each batch (a few forwards, one backward and a short
             unbounded APGD run) and record their flags.
         seed: seed of every member (member k uses ``seed + k``); ``None`` uses torch's global RNG.
@@ -232,18 +258,24 @@ class AutoEvaluation(Attack):
         "restarts": Int(low=1),
         "targets": Optional(Int(low=1)),
         "queries": Optional(Int(low=1)),
-        "progressive_radius": Bool(),
+        "progressive_radius": Optional(Bool()),
+        "metric": Optional(Options(*SELECTION_METRICS)),
+        "stop_below": Optional(Real(low=0.0)),
+        "stop_on_no_gain": Bool(),
         "checks": Bool(),
         "targeted": Constant(False, "auto is an untargeted worst-case evaluation"),
     }
-    tasks = ("MultiClass", "MultiLabel", "Segmentation")
+    tasks = tuple(c.__name__ for c in _kinds().values())  # every registered kind that declares members
     version: str
     attacks: list[str] | None
     steps: int | None
     restarts: int
     targets: int | None
     queries: int | None
-    progressive_radius: bool
+    progressive_radius: bool | None
+    metric: str | None
+    stop_below: float | None
+    stop_on_no_gain: bool
     checks: bool
 
     def __init__(
@@ -257,40 +289,80 @@ class AutoEvaluation(Attack):
         restarts: int = 1,
         targets: int | None = None,
         queries: int | None = None,
-        progressive_radius: bool = False,
+        progressive_radius: bool | None = None,
+        metric: str | None = None,
+        stop_below: float | None = None,
+        stop_on_no_gain: bool = False,
         checks: bool = True,
         targeted: bool = False,
         seed: int | None = 0,
     ) -> None:
         super().__init__(task, threat, targeted=targeted, seed=seed)
         self._init_params(locals())
-        key = _task_key(task)
+        spec = _task_spec(task)
+        members = tuple(spec.auto_members)
         if (self.attacks is None) == (self.version == "custom"):
             raise InvalidParameterError("`attacks` of auto is required with version='custom' and not allowed with "
                                         f"version={self.version!r}")
         if self.attacks is not None:
             for name in self.attacks:
-                if name not in COMPONENTS[key]:
+                if name not in members:
                     raise InvalidParameterError(
                         f"`attacks` of auto: unknown member {name!r} for {type(task).__name__}"
-                        f"{_did_you_mean(name, COMPONENTS[key])}; available: {', '.join(COMPONENTS[key])}")
-        if key == "multiclass":
+                        f"{_did_you_mean(name, members)}; available: {', '.join(members)}")
+        if spec.auto_runner == "pyautoattack":
             if self.progressive_radius:
                 raise InvalidParameterError("`progressive_radius` of auto applies to the APGD members of multi-label "
                                             "and segmentation tasks; multi-class runs pyautoattack's members")
             if threat.bounds is None or any(isinstance(b, Tensor) for b in threat.bounds):
                 raise InvalidParameterError("auto on a multi-class model runs pyautoattack, which needs finite scalar "
                                             f"`bounds` (lo, hi) on the threat; got {threat.describe_bounds()}")
-        defaults = VERSIONS[key]["standard" if self.version == "custom" else self.version]
-        self._key = key
+        defaults = spec.auto_versions["standard" if self.version == "custom" else self.version]
+        self._runner_kind = spec.auto_runner
+        self._square_loss = str(defaults.get("square_loss", "margin"))
         self._members = tuple(self.attacks if self.attacks is not None else defaults["attacks"])
         self._steps = self.steps if self.steps is not None else int(defaults["steps"])
         self._targets = self.targets if self.targets is not None else int(defaults["targets"])
         self._queries = self.queries if self.queries is not None else int(defaults["queries"])
-        # off by default: on the benchmarks' 2-D and 3-D UNets it left the ensemble's Dice higher or equal
-        # (benchmarks/auto.md); kept as an option
-        self._radius = self.progressive_radius
+        # the version's choice unless given (segmentation's standard: on, see benchmarks/auto.md)
+        self._radius = bool(defaults.get("progressive_radius", False)) if self.progressive_radius is None \
+            else self.progressive_radius
+        if self.metric is None and spec.selection_metrics:  # the version's choice (segmentation: worst-of)
+            self._metric_choice: str | None = defaults.get("metric")
+        else:
+            self._metric_choice = self.metric
+        self._score, self._selection = self._selection_metric(spec)
+        self._floor = task.metric_floor if self.stop_below is None else max(self.stop_below, task.metric_floor)
         self._runners = [self._runner(i, name) for i, name in enumerate(self._members)]
+
+    def _selection_metric(self, spec: type[Task]) -> tuple[Callable[[Tensor, Tensor], Tensor], tuple[str, ...]]:
+        """The per-sample metric the worst case is kept by, and the result columns whose per-metric worst case
+        over the members ``details`` record (``worst_<column>``)."""
+        declared = dict(spec.selection_metrics)
+        if self.metric is not None and not declared:
+            raise InvalidParameterError(f"`metric` of auto chooses among the metrics of a kind that declares several "
+                                        f"(segmentation: {', '.join(SELECTION_METRICS)}); {type(self.task).__name__} "
+                                        f"has one, its robust metric ({self.task.robust_metric_name}): leave it unset")
+        if self.metric is not None and self.metric != "worst-of" and self.metric not in declared:
+            raise InvalidParameterError(f"`metric` of auto must be one of {', '.join([*declared, 'worst-of'])} for "
+                                        f"{type(self.task).__name__}; got {self.metric!r}")
+        columns = tuple(declared.values())
+        task, choice = self.task, self._metric_choice
+        if choice is None:
+            return task.robust_metric, columns
+        if choice == "worst-of":  # low on every metric at once: their mean, each metric's worst recorded
+
+            def mean_score(logits: Tensor, y: Tensor) -> Tensor:
+                cols = task.outcome(logits, y).columns
+                return torch.stack([cols[c].to(torch.float32) for c in columns]).mean(dim=0)
+
+            return mean_score, columns
+        column = declared[choice]
+
+        def score(logits: Tensor, y: Tensor) -> Tensor:
+            return task.outcome(logits, y).columns[column].to(torch.float32)
+
+        return score, columns
 
     # --- members ---------------------------------------------------------------------------------------------
     @property
@@ -306,15 +378,18 @@ class AutoEvaluation(Attack):
         atk = _ComponentAPGD(self.task, self.threat, steps=self._steps, restarts=self.restarts, loss=loss,
                              seed=self._seed(i), active_set=True, check_every=max(1, self._steps // 10))
         atk.radius = RADIUS_SCHEDULE if self._radius else ()
+        atk.score, atk.floor = self._score, self._floor
         return atk
 
     def _runner(self, i: int, name: str) -> Runner:
-        if self._key == "multiclass":
+        if self._runner_kind == "pyautoattack":
             return self._pyautoattack_runner(i, name)
         if name == "square":
             return self._square_runner(i)
         if name == "apgd-flip":
             return self._flip_runner(self._apgd(i, "margin"))
+        if name == "apgd-signed":
+            return self._signed_runner(self._apgd(i, "signed-up"), self._apgd(i, "signed-down"))
         atk = self._apgd(i, name.removeprefix("apgd-"))
 
         def run(model: nn.Module, x: Tensor, y: Tensor, logits: Tensor, skip: Tensor) -> Tensor:
@@ -347,10 +422,45 @@ class AutoEvaluation(Attack):
 
         return run
 
+    def _signed_runner(self, up: _ComponentAPGD, down: _ComponentAPGD) -> Runner:
+        """APGD on the signed error (``task.signed_error``, regression), towards the larger deviation: one run
+        driving every output up, one down, then for each of the ``targets`` outputs (elements) with the largest
+        clean error per sample, one run up and one down on that output alone (the robust metric reads the largest
+        error, which a run on the mean spreads over every output); per sample the worst result by the task's
+        robust metric (then its margin)."""
+        task = self.task
+        targets = self._targets
+
+        def run(model: nn.Module, x: Tensor, y: Tensor, logits: Tensor, skip: Tensor) -> Tensor:
+            rows = (-1,) + (1,) * (x.ndim - 1)
+            best, best_m, best_g = x, None, None
+            order = task.signed_error(logits, y).abs().reshape(y.shape[0], -1).argsort(dim=1, descending=True)  # type: ignore[attr-defined]
+            weights: list[Tensor | None] = [None]
+            for j in range(min(targets, order.shape[1]) if order.shape[1] > 1 else 0):
+                w = torch.zeros(y.shape[0], order.shape[1], dtype=x.dtype, device=x.device)
+                weights.append(w.scatter_(1, order[:, j:j + 1], 1.0).reshape(y.shape))
+            for weight in weights:
+                for atk in (up, down):
+                    kw = {} if weight is None else {"weight": weight}
+                    x_adv = atk.run(model, x, y, logits, skip=skip, **kw).x_adv
+                    with torch.no_grad():
+                        out = forward_tensor(model, x_adv)
+                    m, g = task.robust_metric(out, y), task.margin(out, y)
+                    if best_m is None or best_g is None:
+                        best, best_m, best_g = x_adv, m, g
+                        continue
+                    worse = (m < best_m) | ((m == best_m) & (g < best_g))
+                    best = torch.where(worse.reshape(rows), x_adv, best)
+                    best_m, best_g = torch.where(worse, m, best_m), torch.where(worse, g, best_g)
+            return best
+
+        return run
+
     def _square_runner(self, i: int) -> Runner:
         assert self.threat is not None
-        loss = "min-margin" if self._key == "multilabel" else "margin"
+        loss = self._square_loss
         atk = _ComponentSquare(self.task, self.threat, queries=self._queries, loss=loss, seed=self._seed(i))
+        atk.score, atk.floor = self._score, self._floor
 
         def run(model: nn.Module, x: Tensor, y: Tensor, logits: Tensor, skip: Tensor) -> Tensor:
             return atk.perturb(model, x, y, logits, skip=skip)[0]
@@ -382,19 +492,22 @@ class AutoEvaluation(Attack):
     # --- the ensemble ----------------------------------------------------------------------------------------
     def perturb(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor | None, **call_args: Any):
         assert logits is not None and self.threat is not None
-        task, floor = self.task, self.task.metric_floor
+        task, floor, score = self.task, self._floor, self._score
         n, k = x.shape[0], len(self._members)
         best_x = x.clone()
-        best_metric = task.robust_metric(logits, y)
+        best_metric = score(logits, y)
         best_margin = task.margin(logits, y)
+        # per-metric worst case over the members' outputs (``metric="worst-of"`` reports them; recorded always)
+        worst = self._columns(logits, y)
         metric_after = torch.empty(n, k, device=x.device)
         attacked = torch.zeros(n, k, dtype=torch.bool, device=x.device)
         seconds = torch.zeros(n, k, device=x.device)
         source = torch.full((n,), -1, dtype=torch.long, device=x.device)
+        stale = torch.zeros(n, dtype=torch.bool, device=x.device)  # stop_on_no_gain: a member did not lower it
         flags: list[Any] = []
         white = None
         for j, (name, run) in enumerate(zip(self._members, self._runners, strict=True)):
-            skip = best_metric <= floor
+            skip = (best_metric <= floor) | stale
             todo = int((~skip).sum())
             if name == "square" and white is None:
                 white = best_metric.clone()
@@ -403,25 +516,44 @@ class AutoEvaluation(Attack):
                 x_adv = self.threat.finalize(x, run(model, x, y, logits, skip))
                 with torch.no_grad():
                     adv_logits = forward_tensor(model, x_adv)
-                metric, margin = task.robust_metric(adv_logits, y), task.margin(adv_logits, y)
+                metric, margin = score(adv_logits, y), task.margin(adv_logits, y)
                 # a member output holding NaN/Inf is never a worst case (NaN logits score Dice 0 / wrong)
                 finite = torch.isfinite(x_adv.reshape(n, -1)).all(dim=1)
-                worse = ~skip & finite & ((metric < best_metric) | ((metric == best_metric) & (margin < best_margin)))
+                lower = metric < best_metric
+                worse = ~skip & finite & (lower | ((metric == best_metric) & (margin < best_margin)))
                 rows = worse.reshape((-1,) + (1,) * (x.ndim - 1))
                 best_x = torch.where(rows, x_adv, best_x)
                 best_metric = torch.where(worse, metric, best_metric)
                 best_margin = torch.where(worse, margin, best_margin)
                 source = torch.where(worse, torch.full_like(source, j), source)
+                if worst is not None:
+                    cols = self._columns(adv_logits, y)
+                    assert cols is not None
+                    use = (~skip & finite).unsqueeze(1)
+                    worst = torch.where(use, torch.minimum(worst, cols), worst)
+                if self.stop_on_no_gain:
+                    stale = stale | (~skip & ~(finite & lower))
                 elapsed = _now(x) - start
                 attacked[:, j] = ~skip
                 seconds[:, j] = torch.where(~skip, elapsed / todo, 0.0)
             metric_after[:, j] = best_metric
         if self.checks:
             flags = self._masking(model, x, y, logits, white, best_metric)
+        choice = self._metric_choice
+        name = task.robust_metric_name if choice is None else "worst-of" if choice == "worst-of" else dict(
+            type(task).selection_metrics)[choice]
         details = AutoDetails(metric_after=metric_after, attacked=attacked, seconds=seconds, source=source,
-                              components=list(self._members), metric=task.robust_metric_name,
-                              masking=[f.check for f in flags], masking_messages=[f.message for f in flags])
+                              components=list(self._members), metric=name,
+                              masking=[f.check for f in flags], masking_messages=[f.message for f in flags],
+                              worst_of=worst, worst_of_columns=list(self._selection))
         return best_x, details, None
+
+    def _columns(self, logits: Tensor, y: Tensor) -> Tensor | None:
+        """``(N, M)`` the selection metrics' columns of one output (None when the kind declares none)."""
+        if not self._selection:
+            return None
+        cols = self.task.outcome(logits, y).columns
+        return torch.stack([cols[c].to(torch.float32) for c in self._selection], dim=1)
 
     def _masking(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor, white: Tensor | None,
                  final: Tensor) -> list[Any]:

@@ -167,6 +167,12 @@ class Attack(Configurable, ABC):
     spatial_dims: ClassVar[tuple[int, ...]] = ()
     #: the attack is targeted by nature (``y`` is always a target, e.g. DAG's adversarial label map)
     always_targeted: ClassVar[bool] = False
+    #: the attack's objective is built on class distributions (``Task.distributions`` / ``target_cosine``):
+    #: refused for kinds whose outputs are not class scores (``Task.class_scores``, e.g. regression)
+    needs_class_scores: ClassVar[bool] = False
+    #: the attack transforms every input channel (a frequency-domain quantisation, a generator): refused for tasks
+    #: whose inputs carry channels that must not change (``Task.fixed_input_channels``, e.g. prompt codes)
+    transforms_whole_input: ClassVar[bool] = False
     #: whether ``perturb`` needs the clean logits; attacks that do not (the gradient family) save one
     #: forward pass when ``y`` is given and validate ``y`` against their own first forward instead
     needs_clean_logits: bool = True
@@ -175,10 +181,17 @@ class Attack(Configurable, ABC):
                  seed: int | None = 0) -> None:
         owner = type(self).__name__
         if not isinstance(task, Task):
-            raise TypeError(f"`task` must be a medadv Task (MultiClass, MultiLabel, Segmentation), got {task!r}")
+            raise TypeError(f"`task` must be a medadv Task (a kind of medadv.tasks.available_tasks()), got {task!r}")
         if self.tasks and type(task).__name__ not in self.tasks and not any(
                 c.__name__ in self.tasks for c in type(task).__mro__):
             raise TypeError(f"`task` of {owner} must be {' or '.join(self.tasks)}, got {task!r}")
+        if self.needs_class_scores and not task.class_scores:
+            raise TypeError(f"{owner} is built on class distributions and the outputs of {task!r} are not class "
+                            "scores: use PGD, APGD (loss 'ce' or 'margin') or auto")
+        if self.transforms_whole_input and task.fixed_input_channels():
+            raise TypeError(f"{owner} transforms every input channel, and the last {task.fixed_input_channels()} "
+                            f"input channels of {task!r} must not change (prompt codes): use a norm-ball attack "
+                            "(PGD, APGD, auto), which moves the image channels only")
         self.task = task
         kind = self.threat_kind
         if isinstance(threat, Threat):

@@ -32,5 +32,7 @@ class CosPGD(GradientAttack):
         setting is ε = 0.03, α = 0.01 on [0, 1] images.
     """
 
+    needs_class_scores = True  # the cosine of the predicted and label distributions
+
     def element_weights(self, logits: Tensor, ctx: StepContext) -> Tensor:
         return cosine_weights(self.task, logits, ctx.y, self.targeted)

@@ -159,6 +159,7 @@ class GAP(Attack):
         seed: seed of the universal noise ``z``.
     """
 
+    transforms_whole_input = True  # the generator rewrites every input channel
     params: ClassVar[dict[str, Any]] = {
         "generator": Component(
             nn.Module, _build_generator,

@@ -112,6 +112,8 @@ class SaliencyRelevance(SaliencyAttack):
             admissible iterate.
     """
 
+    needs_class_scores = True  # its prediction-preservation term compares class distributions
+
     params: ClassVar[dict[str, Any]] = {
         "goal": Options("target", "target_mse", "topk", "center"),
         "target_map": Optional(_MapTensor()),

@@ -5,10 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import torch.nn.functional as F
 from torch import Tensor
 
-from ..tasks import MultiClass, MultiLabel
 from .base import register
 from .engine import EngineOutput, StepContext
 from .saliency import REFERENCE_PIXELS, SaliencyAttack, SaliencyDetails
@@ -61,8 +59,9 @@ class SaliencyResistance(SaliencyAttack):
     """
 
     def _check_settings(self) -> None:
-        if self.targeted and isinstance(self.task, MultiLabel):
-            raise ValueError("`targeted` is not supported for MultiLabel: the attack flips the chosen `label`")
+        if self.targeted and not self.task.flip_targeted:
+            raise ValueError(f"`targeted` is not supported for {type(self.task).__name__}: the attack flips the chosen "
+                             "`label`")
 
     def _default_steps(self) -> int:
         return RESISTANCE_STEPS.get(self.explanation.name, 50)
@@ -71,29 +70,16 @@ class SaliencyResistance(SaliencyAttack):
         return 8e4 * (pixels / REFERENCE_PIXELS) ** 2, 10.0
 
     def _setup(self, ctx: StepContext, label: Tensor, map0: Tensor) -> None:
-        y = ctx.y
-        if isinstance(self.task, MultiLabel):
-            ctx.state["flip_to"] = 1.0 - y.gather(1, label[:, None])[:, 0]
-        elif isinstance(self.task, MultiClass) and not self.targeted:
-            assert ctx.clean_logits is not None
-            masked = ctx.clean_logits.scatter(1, y.long()[:, None], float("-inf"))
-            ctx.state["flip_to"] = masked.argmax(dim=1)
+        # what the flip aims at, from the task (the runner-up class, the chosen label the other way, or none)
+        goal = self.task.flip_goal(ctx.y, label, ctx.clean_logits, self.targeted)
+        if goal is not None:
+            ctx.state["flip_to"] = goal
 
     def _flip_loss(self, ctx: StepContext, logits: Tensor) -> Tensor:
-        if isinstance(self.task, MultiLabel):
-            z = logits.gather(1, ctx.state["label"][:, None])[:, 0]
-            return F.binary_cross_entropy_with_logits(z, ctx.state["flip_to"].to(z.dtype), reduction="none")
-        if isinstance(self.task, MultiClass):
-            to = ctx.y if self.targeted else ctx.state["flip_to"]
-            return F.cross_entropy(logits, to.long(), reduction="none")
-        loss = self.task.loss(logits, ctx.y)
-        return loss if self.targeted else -loss
+        return self.task.flip_loss(logits, ctx.y, ctx.state["label"], ctx.state.get("flip_to"), self.targeted)
 
     def _flipped(self, ctx: StepContext, logits: Tensor) -> Tensor:
-        if isinstance(self.task, MultiLabel):
-            pred = self.task.predict(logits).gather(1, ctx.state["label"][:, None])[:, 0]
-            return pred == ctx.state["flip_to"].to(pred.dtype)
-        return self.task.fooled(logits, ctx.y, self.targeted)
+        return self.task.flipped(logits, ctx.y, ctx.state["label"], ctx.state.get("flip_to"), self.targeted)
 
     def _losses(self, ctx: StepContext, m: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
         return (m - ctx.state["map0"]).pow(2).flatten(1).mean(1), self._flip_loss(ctx, logits)

@@ -40,7 +40,7 @@ from ..params import (
     Real,
     renamed,
 )
-from ..tasks import MultiClass, Segmentation, Task
+from ..tasks import Task
 from ..threats import Threat
 from .base import AttackDetails
 from .engine import EngineOutput, IterativeAttack, StepContext
@@ -277,11 +277,7 @@ class SaliencyAttack(IterativeAttack):
         scores = ClassScores(nn.Identity())(logits)
         if self.label is not None:
             return as_target(self.label, n, logits.device, scores.shape[1])
-        if isinstance(self.task, MultiClass):
-            return y.long()
-        if isinstance(self.task, Segmentation) and not self.task.include_background:
-            return scores[:, 1:].argmax(dim=1) + 1
-        return scores.argmax(dim=1)
+        return self.task.explained_class(y, scores)
 
     def _probs(self, logits: Tensor) -> Tensor:
         """Predicted distribution (softmax/sigmoid) for the prediction-preservation term."""

@@ -199,6 +199,7 @@ class _FrequencyAttack(IterativeAttack):
     block_ndim: ClassVar[int] = 3
     threat_kind = "box"
     tasks = ("Segmentation",)
+    transforms_whole_input = True  # the DCT quantisation moves every channel
     update_after_last = False
     needs_clean_logits = False  # y is validated against the first step's forward
     params: ClassVar[dict[str, Any]] = {

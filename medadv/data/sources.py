@@ -50,6 +50,7 @@ import glob
 import inspect
 import json
 import logging
+import math
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -67,7 +68,9 @@ __all__ = ["DataError", "monai_transforms", "transform_name_error", "list_cases"
 
 FileSource = FilesData | DatalistData | CsvData
 
-TASK_KINDS = ("segmentation", "multilabel", "multiclass")
+#: the kinds of labels a file source gives (a task kind's ``label_source``): label images, 0/1 label columns, one
+#: class index per case, numbers per case
+LABEL_SOURCES = ("map", "vector", "index", "values")
 
 #: image metadata key set on the 2-D images medadv's loader read height-first, ``(C, H, W)`` (:func:`width_first`)
 HEIGHT_FIRST = "medadv_height_first"
@@ -317,7 +320,7 @@ def _number(text: str, where: str) -> float:
         raise ConfigError([f"{where} is {text!r}, not a number"]) from None
 
 
-def _csv_cases(conf: CsvData, base: Path) -> list[dict[str, Any]]:
+def _csv_cases(conf: CsvData, base: Path, label_source: str | None = None) -> list[dict[str, Any]]:
     path = _relative(conf.path, base)
     if not path.is_file():
         raise FileNotFoundError(f"`data.path`: CSV file not found: {path.resolve()}")
@@ -346,12 +349,19 @@ def _csv_cases(conf: CsvData, base: Path) -> list[dict[str, Any]]:
     cases = []
     for i, (r, img, cid) in enumerate(zip(rows, images, ids, strict=True)):
         at = f"`data.path`: {path.name} row {i + 2}"
-        if labels is not None:
+        if label_source == "values":  # numbers per case (regression): any finite real, one or several columns
+            cols = labels if labels is not None else [str(conf.label_column)]
+            values = [_number(r[c], f"{at} column {c!r}") for c in cols]
+            bad = [c for c, v in zip(cols, values, strict=True) if not math.isfinite(v)]
+            if bad:
+                raise ConfigError([f"{at} column {bad[0]!r} is {r[bad[0]]!r}; target values must be finite numbers"])
+            label: Any = values
+        elif labels is not None:
             values = [_number(r[c], f"{at} column {c!r}") for c in labels]
             bad = [c for c, v in zip(labels, values, strict=True) if v not in (0.0, 1.0)]
             if bad:
                 raise ConfigError([f"{at} column {bad[0]!r} is {r[bad[0]]!r}; multi-label columns hold 0 or 1"])
-            label: Any = values
+            label = values
         else:
             v = _number(r[str(conf.label_column)], f"{at} column {conf.label_column!r}")
             if v != int(v) or v < 0:
@@ -362,39 +372,47 @@ def _csv_cases(conf: CsvData, base: Path) -> list[dict[str, Any]]:
     return cases
 
 
-def list_cases(conf: FileSource, base_dir: str | Path | None) -> list[dict[str, Any]]:
+def list_cases(conf: FileSource, base_dir: str | Path | None, label_source: str | None = None
+               ) -> list[dict[str, Any]]:
     """The cases of a file source: ``{"image": path, "label": path or value, "case_id": name}`` each, in
-    order, the first ``n``. Files are checked to exist; nothing is read but the datalist or CSV."""
+    order, the first ``n``. Files are checked to exist; nothing is read but the datalist or CSV.
+
+    ``label_source``: the task kind's (:attr:`~medadv.tasks.Task.label_source`); with ``"values"`` a CSV's label
+    columns are read as real numbers (a list per case) instead of 0/1 labels or a class index."""
     base = Path(base_dir) if base_dir else Path.cwd()
     if isinstance(conf, FilesData):
         cases = _files_cases(conf, base)
     elif isinstance(conf, DatalistData):
         cases = _datalist_cases(conf, base)
     else:
-        cases = _csv_cases(conf, base)
+        cases = _csv_cases(conf, base, label_source)
     return cases[: conf.n] if conf.n is not None else cases
 
 
-def _label_kind(cases: Sequence[Mapping[str, Any]]) -> str | None:
+def _label_kind(cases: Sequence[Mapping[str, Any]], label_source: str | None = None) -> str | None:
     label = cases[0].get("label") if cases else None
     if label is None:
         return None
     if isinstance(label, str):
-        return "segmentation"
-    return "multilabel" if isinstance(label, list) else "multiclass"
+        return "map"
+    if label_source == "values":  # numbers (a datalist's or a CSV's): read as values
+        return "values"
+    return "vector" if isinstance(label, list) else "index"
 
 
-def _check_task(cases: Sequence[Mapping[str, Any]], task_kind: str | None) -> str:
+_LABEL_TEXT = {"map": "label maps (image files)", "vector": "0/1 label columns", "index": "one class index per case",
+               "values": "numbers per case"}
+
+
+def _check_task(cases: Sequence[Mapping[str, Any]], label_source: str | None) -> str:
     """The kind of labels the cases have, checked against the task's."""
-    kind = _label_kind(cases)
+    kind = _label_kind(cases, label_source)
     if kind is None:
         raise ConfigError(["`data.labels`: the cases have no labels; attacks and metrics need them (give label "
                            "maps as `labels:`, a datalist with `label`, or a CSV with label columns)"])
-    if task_kind is not None and task_kind != kind:
-        what = {"segmentation": "label maps (image files)", "multilabel": "0/1 label columns",
-                "multiclass": "one class index per case"}[kind]
-        raise ConfigError([f"`data`: the task is {task_kind} but the data's labels are {what}, the labels of a "
-                           f"{kind} task"])
+    if label_source is not None and label_source != kind:
+        raise ConfigError([f"`data`: the task reads {_LABEL_TEXT.get(label_source, label_source)} but the data's labels are "
+                           f"{_LABEL_TEXT[kind]}"])
     return kind
 
 
@@ -421,7 +439,7 @@ class ToSample:
             img = MetaTensor(img)
         out["image"] = img.float()
         lab = out["label"]
-        if self.kind == "segmentation":
+        if self.kind == "map":
             t = lab.as_tensor() if isinstance(lab, MetaTensor) else torch.as_tensor(lab)
             if t.ndim == img.ndim and t.shape[0] == 1:
                 t = t[0]
@@ -429,7 +447,7 @@ class ToSample:
                 raise DataError(f"case {cid}: label map {tuple(t.shape)} does not match the image "
                                 f"{tuple(img.shape)} (channels first): give the label the same spatial transforms")
             out["label"] = t.round().long() if t.is_floating_point() else t.long()
-        elif self.kind == "multilabel":
+        elif self.kind in ("vector", "values"):
             out["label"] = torch.as_tensor(lab, dtype=torch.float32)
         else:
             out["label"] = torch.as_tensor(lab, dtype=torch.int64)
@@ -479,11 +497,11 @@ def _file_keys(cases: Sequence[Mapping[str, Any]]) -> list[str]:
     return ["image"] + (["label"] if cases and isinstance(cases[0].get("label"), str) else [])
 
 
-def check_source(conf: FileSource, base_dir: str | Path | None, task_kind: str | None = None) -> list[Any]:
+def check_source(conf: FileSource, base_dir: str | Path | None, label_source: str | None = None) -> list[Any]:
     """Everything that can be checked without reading an image: the files exist, the labels fit the task,
     the transforms' names, arguments and keys. Returns the built transforms."""
-    cases = list_cases(conf, base_dir)
-    kind = _check_task(cases, task_kind)
+    cases = list_cases(conf, base_dir, label_source)
+    kind = _check_task(cases, label_source)
     return build_transforms(conf.transforms, _file_keys(cases), sorted(cases[0])) \
         + [ToSample(kind)]
 
@@ -501,7 +519,7 @@ class _Batches:
         return len(self.loader)
 
 
-def make_loader(conf: FileSource, base_dir: str | Path | None, *, batch_size: int = 1, task_kind: str | None = None,
+def make_loader(conf: FileSource, base_dir: str | Path | None, *, batch_size: int = 1, label_source: str | None = None,
                 seed: int = 0) -> Any:
     """A MONAI ``DataLoader`` streaming the cases in order as dict batches (module docstring).
 
@@ -511,8 +529,8 @@ def make_loader(conf: FileSource, base_dir: str | Path | None, *, batch_size: in
     from monai.data import DataLoader
     from monai.transforms import Compose
 
-    cases = list_cases(conf, base_dir)
-    kind = _check_task(cases, task_kind)
+    cases = list_cases(conf, base_dir, label_source)
+    kind = _check_task(cases, label_source)
     transforms = build_transforms(conf.transforms, _file_keys(cases), sorted(cases[0]))
     pipeline = Compose([*transforms, ToSample(kind)])
     dataset = _dataset_class()(data=cases, transform=pipeline)
@@ -533,7 +551,8 @@ def data_identity(conf: FileSource, base_dir: str | Path | None) -> list[list[An
     files: list[Path] = []
     if isinstance(conf, DatalistData | CsvData):
         files.append(_relative(conf.path, base))
-    for c in list_cases(conf, base_dir):
+    # the labels' values do not matter here: "values" reads any number, so no task's label check can refuse them
+    for c in list_cases(conf, base_dir, "values"):
         for key in ("image", "label"):
             if isinstance(c.get(key), str):
                 files += _files_of(Path(c[key]))

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..tasks import MultiClass, MultiLabel, Segmentation, Task, task_family
+from ..tasks import Task
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -41,6 +41,10 @@ __all__ = ["Case", "SaliencyPair", "make_cases", "select_cases", "worst_cases", 
            "most_changed_voxel", "plot_case"]
 
 #: colours of segmentation classes 1, 2, ... (background is left transparent); colour-blind-safe (Okabe-Ito)
+#: the ways a case draws a prediction (:attr:`Case.kind`, a task's ``case_view``)
+CASE_VIEWS = ("classes", "labels", "map", "values", "image")
+_VIEW_ALIASES = {"multiclass": "classes", "multilabel": "labels", "segmentation": "map"}
+
 SEG_COLOURS = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000")
 
 
@@ -52,7 +56,10 @@ class Case:
         x, x_adv: clean and attacked input ``(C, *spatial)`` (2-D or 3-D spatial).
         clean, adv: hard predictions: a class index ``()``, a 0/1 label vector ``(L,)`` or a label map
             ``(*spatial)``.
-        kind: ``"multiclass"``, ``"multilabel"`` or ``"segmentation"``.
+        kind: how the prediction is drawn (the task's :attr:`~medadv.tasks.Task.case_view`): ``"classes"`` (a class
+            index, score bars), ``"labels"`` (a 0/1 vector, score bars), ``"map"`` (a label map over the image),
+            ``"values"`` (numbers: clean, attacked and true value per output) or ``"image"`` (image and perturbation
+            only). The task kind names ``"multiclass"``, ``"multilabel"``, ``"segmentation"`` are accepted.
         label: ground truth shaped like ``clean`` (optional).
         clean_scores, adv_scores: class probabilities ``(K,)`` (classification; optional).
         class_names: names of the classes or labels (default ``0, 1, ...``).
@@ -76,13 +83,14 @@ class Case:
     axis_names: Sequence[str] = ("axis 0", "axis 1", "axis 2")
 
     def __post_init__(self) -> None:
-        if self.kind not in ("multiclass", "multilabel", "segmentation"):
-            raise ValueError(f"`kind` must be 'multiclass', 'multilabel' or 'segmentation', got {self.kind!r}")
+        self.kind = _VIEW_ALIASES.get(self.kind, self.kind)
+        if self.kind not in CASE_VIEWS:
+            raise ValueError(f"`kind` must be one of {', '.join(map(repr, CASE_VIEWS))}, got {self.kind!r}")
         if self.x.shape != self.x_adv.shape:
             raise ValueError(f"`x` {tuple(self.x.shape)} and `x_adv` {tuple(self.x_adv.shape)} differ in shape")
         if self.x.ndim not in (3, 4):
             raise ValueError(f"`x` must be one sample (C, H, W) or (C, D, H, W), got shape {tuple(self.x.shape)}")
-        if self.kind == "segmentation" and tuple(self.clean.shape) != tuple(self.x.shape[1:]):
+        if self.kind == "map" and tuple(self.clean.shape) != tuple(self.x.shape[1:]):
             raise ValueError(f"a segmentation case needs label maps shaped like the image {tuple(self.x.shape[1:])}, "
                              f"got {tuple(self.clean.shape)}")
         for name in ("x", "x_adv", "clean", "adv", "label", "clean_scores", "adv_scores"):
@@ -137,40 +145,11 @@ class SaliencyPair:
 
 
 # --- building cases ----------------------------------------------------------------------------------------------
-def _kind(task: Task) -> str:
-    kind = task_family(task)
-    if kind is None:
-        raise TypeError(f"cases support MultiClass, MultiLabel and Segmentation tasks, got {task!r}")
-    return kind
-
-
-def _change(task: Task, cp: Tensor, ap: Tensor, x: Tensor, x_adv: Tensor) -> Tensor:
-    """Per-sample amount of change: fraction of changed labels/voxels (a class flip counts 1), then the
-    perturbation's L2 norm as a tie-break (scaled far below one changed element)."""
-    if isinstance(task, MultiClass):
-        frac = (cp != ap).double()
-    else:
-        frac = (cp != ap).flatten(1).double().mean(1)
-    norm = (x_adv - x).flatten(1).double().norm(dim=1)
-    return frac + 1e-9 * norm / (1.0 + norm.max())
-
-
-def _metric_note(task: Task, y: Tensor | None, cp: Tensor, ap: Tensor, i: int) -> str:
-    if y is None:
-        return ""
-    if isinstance(task, MultiClass):
-        ok = lambda p: "correct" if int(p[i]) == int(y[i]) else "wrong"  # noqa: E731
-        return f"clean: {ok(cp)} → attacked: {ok(ap)}"
-    if isinstance(task, MultiLabel):
-        acc = lambda p: float((p[i] == y[i]).double().mean())  # noqa: E731
-        return f"label accuracy {acc(cp):.2f} → {acc(ap):.2f}"
-    assert isinstance(task, Segmentation)
-    yi = y[i : i + 1]
-    onehot = lambda p: F.one_hot(p[i : i + 1].long(), task.num_classes).movedim(-1, 1).double() * 1e3  # noqa: E731
-    dc = task.metrics(onehot(cp), yi)["mean_dice"]
-    da = task.metrics(onehot(ap), yi)["mean_dice"]
-    changed = float((cp[i] != ap[i]).double().mean())
-    return f"mean Dice {float(dc[0]):.3f} → {float(da[0]):.3f} · {100 * changed:.1f}% of voxels changed"
+def _view(task: Task) -> str:
+    """How cases of ``task`` draw a prediction: its declared ``case_view``, else image and perturbation only."""
+    if not isinstance(task, Task):
+        raise TypeError(f"cases need a medadv Task (a kind of medadv.tasks.available_tasks()), got {task!r}")
+    return task.case_view or "image"
 
 
 def make_cases(
@@ -203,19 +182,19 @@ def make_cases(
     """
     if x.shape != x_adv.shape:
         raise ValueError(f"`x` {tuple(x.shape)} and `x_adv` {tuple(x_adv.shape)} differ in shape")
-    kind = _kind(task)
+    kind = _view(task)
     x, x_adv = x.detach().cpu(), x_adv.detach().cpu()
     clean_logits, adv_logits = clean_logits.detach().cpu().float(), adv_logits.detach().cpu().float()
     y = None if y is None else y.detach().cpu()
     cp, ap = task.predict(clean_logits), task.predict(adv_logits)
     if indices is None:
-        order = torch.argsort(_change(task, cp, ap, x, x_adv), descending=True, stable=True)
+        # the share of changed labels / voxels (a class flip counts 1), then the perturbation's L2 norm as a
+        # tie-break (scaled far below one changed element)
+        norm = (x_adv - x).flatten(1).double().norm(dim=1)
+        change = task.change_fraction(cp, ap).double() + 1e-9 * norm / (1.0 + norm.max())
+        order = torch.argsort(change, descending=True, stable=True)
         indices = order[: max(0, min(k, x.shape[0]))].tolist()
-    scores: tuple[Tensor | None, Tensor | None] = (None, None)
-    if kind == "multiclass":
-        scores = (clean_logits.softmax(1), adv_logits.softmax(1))
-    elif kind == "multilabel":
-        scores = (clean_logits.sigmoid(), adv_logits.sigmoid())
+    scores = (task.case_scores(clean_logits), task.case_scores(adv_logits))
     cases = []
     for i in indices:
         i = int(i)
@@ -224,7 +203,7 @@ def make_cases(
             x[i], x_adv[i], cp[i], ap[i], kind, label=None if y is None else y[i],
             clean_scores=None if scores[0] is None else scores[0][i],
             adv_scores=None if scores[1] is None else scores[1][i],
-            class_names=class_names, title=head, note=_metric_note(task, y, cp, ap, i),
+            class_names=class_names, title=head, note="" if y is None else task.case_note(y[i], cp[i], ap[i]),
             axis_names=tuple(axis_names) if axis_names is not None else ("axis 0", "axis 1", "axis 2"),
         ))
     return cases
@@ -261,8 +240,7 @@ def select_cases(
 
 def _metric_column(task: Task) -> str:
     """The results column of the task's robust metric (``clean_<it>``/``adv_<it>``)."""
-    name = str(getattr(task, "robust_metric_name", "metric"))
-    return "correct" if name == "accuracy" else name
+    return task.robust_metric_column or str(task.robust_metric_name)
 
 
 def _num(v: Any) -> float:
@@ -282,7 +260,7 @@ def damage(task: Task, row: Mapping[str, Any]) -> tuple[float, ...]:
     the share of changed voxels or labels (``changed_fraction``, ``flip_rate``) and whether the
     prediction changed at all.
     """
-    finer = {"exact_match": "label_accuracy", "mean_dice": "pixel_accuracy"}.get(_metric_column(task))
+    finer = task.tiebreak_column
     return (_drop(row, _metric_column(task)), _drop(row, finer) if finer else 0.0,
             _num(row.get("changed_fraction", row.get("flip_rate", 0.0))), float(bool(row.get("changed"))))
 
@@ -480,7 +458,7 @@ def most_changed_voxel(case: Case) -> tuple[int, ...]:
     """
     spatial = tuple(case.x.shape[1:])
     change = torch.zeros(spatial, dtype=torch.float64)
-    if case.kind == "segmentation":
+    if case.kind == "map":
         change = (case.clean != case.adv).double()
     if not bool(change.any()):
         change = case.delta.double().abs().sum(0)
@@ -536,16 +514,16 @@ def _seg_overlay(ax: Axes, img: Tensor, img_kw: dict[str, Any], labels: Tensor, 
 
 
 def _prob_bars(ax: Axes, case: Case, scores: Tensor | None, pred: Tensor, title: str) -> None:
-    k = int(scores.numel()) if scores is not None else (int(pred.numel()) if case.kind == "multilabel"
+    k = int(scores.numel()) if scores is not None else (int(pred.numel()) if case.kind == "labels"
                                                        else int(case.label.max()) + 1 if case.label is not None
                                                        else int(pred) + 1)
     names = case.names(k)
     if scores is None:  # hard predictions only
-        scores = pred.double() if case.kind == "multilabel" else F.one_hot(pred.long(), k).double()
+        scores = pred.double() if case.kind == "labels" else F.one_hot(pred.long(), k).double()
     vals = scores.double().tolist()
     truth: set[int] = set()
     if case.label is not None:
-        truth = {int(case.label)} if case.kind == "multiclass" else \
+        truth = {int(case.label)} if case.kind == "classes" else \
             {j for j, v in enumerate(case.label.tolist()) if v >= 0.5}
     shown = list(range(k))
     if k > 12:  # many classes: the largest scores and the true classes
@@ -558,13 +536,34 @@ def _prob_bars(ax: Axes, case: Case, scores: Tensor | None, pred: Tensor, title:
     ax.set_yticklabels([names[j] + (" ✓" if j in truth else "") for j in shown], fontsize=7)
     ax.set_xlim(0, 1)
     ax.tick_params(axis="x", labelsize=7)
-    if case.kind == "multilabel":
+    if case.kind == "labels":
         ax.axvline(0.5, color="#D55E00", lw=0.8, ls="--")
         pos = ", ".join(names[j] for j in range(k) if float(pred[j]) >= 0.5) or "none"
         ax.set_title(f"{title}\n" + _wrap(f"positive: {pos}", 42), fontsize=8)
     else:
         ax.set_title(f"{title}\n→ {names[int(pred)]}", fontsize=8)
     ax.set_xlabel("probability", fontsize=7)
+
+
+def _value_bars(ax: Axes, case: Case) -> None:
+    """Numeric predictions (regression): clean, attacked and (when known) true value of each output, grouped."""
+    clean, adv = case.clean.double().reshape(-1), case.adv.double().reshape(-1)
+    k = min(int(clean.numel()), 12)  # many outputs (a dense map): the first 12
+    names = case.names(k)
+    series = [("clean", clean, "#0072B2"), ("attacked", adv, "#D55E00")]
+    if case.label is not None and case.label.numel() == clean.numel():
+        series.append(("true", case.label.double().reshape(-1), "#999999"))
+    h = 0.8 / len(series)
+    for s_i, (name, v, colour) in enumerate(series):
+        ys = [k - 1 - j + 0.4 - (s_i + 0.5) * h for j in range(k)]
+        ax.barh(ys, v[:k].tolist(), height=h, color=colour, label=name)
+    ax.set_yticks(list(range(k))[::-1])
+    ax.set_yticklabels(names[:k], fontsize=7)
+    ax.tick_params(axis="x", labelsize=7)
+    ax.axvline(0.0, color="#333333", lw=0.6)
+    ax.legend(fontsize=7, frameon=False, loc="best")
+    ax.set_title("prediction" + (f" (first {k} of {clean.numel()} outputs)" if clean.numel() > k else ""), fontsize=9)
+    ax.set_xlabel("value (target units)", fontsize=7)
 
 
 def _wrap(text: str, width: int) -> str:
@@ -591,14 +590,15 @@ def plot_case(case: Case, path: str | Path | None = None, *, dpi: int = 110) -> 
 
     delta = case.delta
     lim = float(delta.abs().max()) or 1e-12
-    seg = case.kind == "segmentation"
+    seg = case.kind == "map"
     ncls = 0
     if seg:
         ncls = int(max(int(case.clean.max()), int(case.adv.max()),
                        int(case.label.max()) if case.label is not None else 0)) + 1
         ncls = max(ncls, len(case.class_names or ()))
     gt = seg and case.label is not None
-    ncol = 4 + int(gt)
+    bars = case.kind in ("classes", "labels")
+    ncol = 4 + int(gt) if seg or bars else 3 if case.kind == "values" else 2
     delta_kw = dict(cmap="RdBu_r", vmin=-lim, vmax=lim)
     pert_title = f"perturbation, amplified\n(colour range ±{lim:.3g})"
 
@@ -616,7 +616,7 @@ def plot_case(case: Case, path: str | Path | None = None, *, dpi: int = 110) -> 
             img, img_kw = _display(case.x[(slice(None), *idx)])
             img = img.T if img.ndim == 2 else img.permute(1, 0, 2)
             panels = [("image", None), (pert_title, None), ("clean prediction", case.clean),
-                      ("attacked prediction", case.adv)] + ([("ground truth", case.label)] if gt else [])
+                      ("attacked prediction", case.adv)][:ncol] + ([("ground truth", case.label)] if gt else [])
             for c, (name, lab) in enumerate(panels):
                 ax = axes[r][c]
                 if c == 0:
@@ -626,6 +626,9 @@ def plot_case(case: Case, path: str | Path | None = None, *, dpi: int = 110) -> 
                 elif seg:
                     assert lab is not None
                     _seg_overlay(ax, img, img_kw, plane(lab), ncls, origin="lower")
+                elif c == 2 and case.kind == "values":
+                    ax.axis("off")
+                    continue
                 else:  # classification of a volume: the image slice again, the prediction in the title
                     ax.imshow(img.numpy(), origin="lower", **img_kw)
                 ax.axvline(cross[0], color="#F0E442", lw=0.6, alpha=0.8)
@@ -635,25 +638,29 @@ def plot_case(case: Case, path: str | Path | None = None, *, dpi: int = 110) -> 
                     ax.set_title(name, fontsize=9)
                 if c == 0:
                     ax.set_ylabel(f"{case.axis_names[r]} = {centre[r]}", fontsize=8)
-        if not seg:
+        if case.kind == "values":
+            _value_bars(axes[0][2], case)
+        elif bars:
             names = case.names(int(case.clean_scores.numel()) if case.clean_scores is not None else 1)
-            fmt = (lambda p: names[int(p)]) if case.kind == "multiclass" else \
+            fmt = (lambda p: names[int(p)]) if case.kind == "classes" else \
                 (lambda p: ", ".join(n for n, v in zip(names, p.tolist(), strict=False) if v >= 0.5) or "none")
             axes[0][2].set_title(f"clean prediction\n→ {fmt(case.clean)}", fontsize=9)
             axes[0][3].set_title(f"attacked prediction\n→ {fmt(case.adv)}", fontsize=9)
     else:
         # classification: the score panels are wider (their label names stand beside the bars)
-        widths = [1.0] * ncol if seg else [1.0, 1.0, 1.6, 1.6]
+        widths = [1.0] * ncol if seg or not bars else [1.0, 1.0, 1.6, 1.6]
+        if case.kind == "values":
+            widths = [1.0, 1.0, 1.6]
         fig, axes = plt.subplots(1, ncol, figsize=(2.6 * sum(widths), 3.0 + 0.7 * (not seg)), squeeze=False,
                                  gridspec_kw={"width_ratios": widths})
         row = axes[0]
         img, img_kw = _display(case.x)
         row[0].imshow(img.numpy(), **img_kw)
         truth = ""
-        if case.label is not None and not seg:
+        if case.label is not None and bars:
             names = case.names(int(case.clean_scores.numel()) if case.clean_scores is not None
-                               else int(case.label.numel()) if case.kind == "multilabel" else int(case.label) + 1)
-            truth = names[int(case.label)] if case.kind == "multiclass" else \
+                               else int(case.label.numel()) if case.kind == "labels" else int(case.label) + 1)
+            truth = names[int(case.label)] if case.kind == "classes" else \
                 ", ".join(n for n, v in zip(names, case.label.tolist(), strict=False) if v >= 0.5) or "none"
         row[0].set_title("image" + ("\n" + _wrap(f"true: {truth}", 30) if truth else ""), fontsize=8 if truth else 9)
         row[1].imshow(_delta_plane(delta).numpy(), **delta_kw)
@@ -668,9 +675,11 @@ def plot_case(case: Case, path: str | Path | None = None, *, dpi: int = 110) -> 
                 _seg_overlay(row[c], img, img_kw, labels, ncls)
                 row[c].set_title(name, fontsize=9)
                 _off(row[c])
-        else:
+        elif bars:
             _prob_bars(row[2], case, case.clean_scores, case.clean, "clean prediction")
             _prob_bars(row[3], case, case.adv_scores, case.adv, "attacked prediction")
+        elif case.kind == "values":
+            _value_bars(row[2], case)
     if seg:
         names = case.names(ncls)
         handles = [Patch(color=SEG_COLOURS[(j - 1) % len(SEG_COLOURS)], label=names[j]) for j in range(1, ncls)]

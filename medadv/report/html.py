@@ -10,7 +10,8 @@ mailed or archived and opens the same anywhere. The page is built from the Jinja
 Sections (each only when there is something to show): key findings, settings, summary table, robustness
 curves per attack, per-class results, attack-specific outputs, worst case per ensemble member, gradient-
 masking checks, one section per study (class-wise with CFPS and confusion heatmaps, transfer heatmap,
-corruption curves, noise baseline, frequency bands, models, feature/label correlation), cases, saliency.
+corruption curves, noise baseline, frequency bands, models, feature/label correlation, certified vs.
+empirical curves of a smoothed model), cases, saliency.
 
 Example::
 
@@ -48,8 +49,8 @@ PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F
 MARKERS = "osD^vP*Xh<>"
 _METRIC_NAMES = {"correct": "accuracy", "mean_dice": "mean Dice", "label_accuracy": "label accuracy",
                  "exact_match": "exact match", "dice": "Dice", "macro_auc": "macro AUC",
-                 "pixel_accuracy": "pixel accuracy", "hd95": "HD95"}
-_HEADLINES = ("mean_dice", "label_accuracy", "correct")
+                 "pixel_accuracy": "pixel accuracy", "hd95": "HD95", "miou": "mIoU",
+                 "worst-of": "mean of Dice, pixel accuracy and mIoU"}
 
 
 @runtime_checkable
@@ -293,7 +294,9 @@ def _mean(vals: Iterable[Any]) -> float:
 
 # --- the evaluation (Results) ---------------------------------------------------------------------------------------
 def _headline(summary: list[dict[str, Any]]) -> str | None:
-    for m in _HEADLINES:
+    from ..tasks import headline_columns
+
+    for m in headline_columns():  # each registered task kind's headline column
         if any(f"adv_{m}" in r for r in summary):
             return m
     return None
@@ -307,6 +310,9 @@ def _findings(results: Results, summary: list[dict[str, Any]], metric: str | Non
     out: list[str] = []
     if metric is None:
         return out
+    from ..tasks import lower_is_better
+
+    lower_better = lower_is_better(metric)
     name = _METRIC_NAMES.get(metric, metric)
     clean = _mean(r.get(f"clean_{metric}") for r in summary)
     out.append(f"Clean {name}: <b>{fmt(clean)}</b> on {max(int(r['n']) for r in summary)} samples.")
@@ -316,7 +322,10 @@ def _findings(results: Results, summary: list[dict[str, Any]], metric: str | Non
         adv = r.get(f"adv_{metric}")
         if _nan(adv):
             continue
-        rel = f" ({100 * (clean - adv) / clean:.0f}% lower)" if clean and clean > 0 else ""
+        rel = ""
+        if clean and clean > 0:
+            change = 100 * (adv - clean) / clean
+            rel = f" ({abs(change):.0f}% {'higher' if change > 0 else 'lower'})"
         if _is_num(r.get("changed_fraction")):
             effect = f"; {100 * r['changed_fraction']:.1f}% of voxels changed"
         elif _is_num(r.get("fooled")):
@@ -325,10 +334,11 @@ def _findings(results: Results, summary: list[dict[str, Any]], metric: str | Non
             effect = ""
         at = "" if r["budget"] is None else f" at ε = {fmt_budget(r['budget'])}"
         out.append(f"<b>{fam}</b>{at}: {name} {fmt(clean)} → <b>{fmt(adv)}</b>{rel}{effect}.")
-        if worst is None or adv < worst[0]:
-            worst = (float(adv), _key(fam, r["budget"]))
+        damage = float(adv) if not lower_better else -float(adv)  # the worst attack: lowest accuracy, largest error
+        if worst is None or damage < worst[0]:
+            worst = (damage, _key(fam, r["budget"]))
     if worst is not None and len(out) > 2:
-        out.append(f"Strongest attack: <b>{worst[1]}</b> ({name} {fmt(worst[0])}).")
+        out.append(f"Strongest attack: <b>{worst[1]}</b> ({name} {fmt(abs(worst[0]) if lower_better else worst[0])}).")
     flags = results.masking_flags()
     if flags:
         out.append(f"<span class='warn'>{len(flags)} gradient-masking check(s) fired</span>: the robust numbers "
@@ -355,8 +365,11 @@ def _curves(results: Results, summary: list[dict[str, Any]], metric: str, class_
     ax.set_ylim(bottom=min(0.0, ax.get_ylim()[0]))
     ax.legend(fontsize=8, frameon=False, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
+    from ..tasks import lower_is_better
+
     blocks.append(figure_image(fig, f"robustness curve: {metric} vs budget, one line per attack",
-                               "Each line is one attack; ε = 0 is the clean model. Lower is worse."))
+                               "Each line is one attack; ε = 0 is the clean model. "
+                               + ("Higher is worse." if lower_is_better(metric) else "Lower is worse.")))
     # per-class curves (segmentation Dice per class, ...), one panel per attack
     per = "dice" if metric == "mean_dice" else None
     if per and any(isinstance(r.get(f"adv_{per}"), list) for r in rows):
@@ -679,6 +692,46 @@ def _spread_figure(results: Results, summary: list[dict[str, Any]], metric: str)
                         "each case a dot. A mean can hide a few cases that break completely.")
 
 
+def _scatter_columns() -> tuple[str, ...]:
+    """The per-sample columns drawn clean vs attacked (one dot per case): every registered task kind's
+    ``scatter_columns`` declaration (regression: its largest error), in registration order."""
+    from ..tasks import registered_task_classes
+
+    return tuple(dict.fromkeys(c for cls in registered_task_classes() for c in cls.scatter_columns))
+
+
+def _scatter_figures(results: Results, summary: list[dict[str, Any]]) -> list[Image]:
+    """Per declared scatter column present in the rows: the attacked value against the clean one, per case, one
+    colour per attack (at its largest budget), and the diagonal where the attack changed nothing."""
+    keys = _largest_budgets((r["attack"], r["budget"]) for rs in _by_family(summary).values() for r in rs)
+    groups = results.groups()
+    out = []
+    for col in _scatter_columns():
+        series = []
+        for k in keys:
+            pts = [(float(r[f"clean_{col}"]), float(r[f"adv_{col}"])) for r in groups.get(k, [])
+                   if _is_num(r.get(f"clean_{col}")) and _is_num(r.get(f"adv_{col}"))]
+            if pts:
+                series.append((k, pts))
+        if not series:
+            continue
+        plt = _plt()
+        fig, ax = plt.subplots(figsize=(5.4, 4.6))
+        top = max(max(max(p) for p in pts) for _, pts in series)
+        ax.plot([0.0, top], [0.0, top], color="grey", ls="--", lw=1, label="unchanged")
+        for j, (k, pts) in enumerate(series):
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=12, alpha=0.7, color=PALETTE[j % len(PALETTE)],
+                       label=_key(*k))
+        name = metric_label(col)
+        _style(ax, f"clean {name}", f"attacked {name}", f"{name} per case: clean vs attacked")
+        ax.legend(fontsize=7, frameon=False)
+        fig.tight_layout()
+        out.append(figure_image(fig, f"{col} per case, clean vs attacked",
+                                "One dot per case and attack (at its largest budget); on the dashed diagonal the "
+                                "attack changed nothing, the farther off it the more it moved the case."))
+    return out
+
+
 def _results_sections(results: Results, class_names: Sequence[str] | None) -> list[Section]:
     summary = results.summary()
     if not summary:
@@ -745,6 +798,7 @@ def _results_sections(results: Results, class_names: Sequence[str] | None) -> li
     spread = _spread_figure(results, summary, metric) if metric else None
     if spread is not None:
         blocks.append(spread)
+    blocks += _scatter_figures(results, summary)
     blocks.append(_table(rows, cols, "every mean column, per attack and budget", collapsed=True))
     sections.append(Section("summary", "Summary", f"Clean vs attacked {metric_label(metric or 'metric')} for every "
                             f"attack and budget; <i>change</i> is attacked − clean. {said}.", blocks))
@@ -772,6 +826,14 @@ def _results_sections(results: Results, class_names: Sequence[str] | None) -> li
                                 "much the member lowered it, <i>attacked</i> the samples it ran on.",
                                 [_table(ensemble, ["attack", "budget", "member", m, "gain", "attacked", "seconds",
                                                    "n"])]))
+    worst_of = results.worst_of_table()
+    if worst_of:
+        sections.append(Section("worst-of", "Worst case of each metric",
+                                "For <code>auto</code> on segmentation: the mean of each metric's own worst case "
+                                "over the members (<i>worst_…</i>, possibly from different members, as a paper "
+                                "reporting each metric's worst case does) next to the example kept, the worst by "
+                                "the selection metric (<i>adv_…</i>).",
+                                [_table(worst_of, list(worst_of[0]))]))
     flags = results.masking_flags()
     if flags:
         sections.append(Section("masking", "Gradient-masking checks",
@@ -1114,6 +1176,71 @@ def _study_correlation(study: StudyLike, class_names: Sequence[str] | None) -> S
                    "Where attacked samples land in the model's feature space, and how labels co-occur.", blocks)
 
 
+CERTIFY_RULE = ("certified ≤ empirical must hold at every radius (a certificate is a lower bound on the robust "
+                "metric of the smoothed model); a violation would mean a bug")
+
+
+def _study_certify(study: StudyLike, class_names: Sequence[str] | None) -> Section:
+    """Certified vs. empirical curve of one smoothed model (:func:`medadv.studies.certify.certify`)."""
+    metric = _study_metric(study)
+    meta = study.meta
+    curve = sorted((r for r in study.rows if r.get("kind") == "curve"), key=lambda r: float(r["radius"]))
+    if not curve:
+        raise KeyError("no curve rows")
+    radii = [float(r["radius"]) for r in curve]
+    has_emp = any(_is_num(r.get("empirical")) for r in curve)
+    bad = [r for r in curve if r.get("violation")]
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.2, 3.9))
+    ax.plot(radii, [r.get("certified") for r in curve], marker="o", color=PALETTE[0], label="certified (smoothed)")
+    attack = str(meta.get("empirical") or "auto")
+    if has_emp:
+        ax.plot(radii, [r.get("empirical") for r in curve], marker="s", ls="--", color=PALETTE[1],
+                label=f"empirical: {attack} on the smoothed model")
+        ax.fill_between(radii, [r.get("certified") for r in curve], [r.get("empirical") for r in curve],
+                        color=PALETTE[1], alpha=0.08, lw=0)
+    for r in bad:
+        ax.plot([r["radius"]], [r.get("certified")], marker="X", ms=12, color="#c00000", ls="none",
+                label="violation: certified > empirical" if r is bad[0] else None)
+    _style(ax, "L2 radius (data units)", metric, f"{metric} of the smoothed model (σ = {fmt(meta.get('sigma'))})")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xticks(radii)
+    ax.legend(fontsize=8, loc="lower left", frameon=False)
+    fig.tight_layout()
+    intro = (f"Gaussian randomized smoothing (Cohen et al. 2019), σ = {fmt(meta.get('sigma'))}, n0 = {meta.get('n0')}, "
+             f"n = {meta.get('n')}, α = {fmt(meta.get('alpha'))} ({meta.get('correction')}"
+             f"{'' if meta.get('tau') is None else ', τ = ' + fmt(meta.get('tau'))}): the <b>certified</b> {metric} "
+             "at each L2 radius, abstentions as errors (radius 0: the smoothed model's certified clean metric)")
+    if has_emp:
+        intro += (f", and the <b>empirical</b> {metric} of the same smoothed model under <code>{attack}</code> "
+                  f"in the L2 ball of that radius, run on the average over {meta.get('draws')} fixed noise draws "
+                  "(Salman et al. 2019) and scored by the smoothed model's majority vote")
+    intro += f". <b>{CERTIFY_RULE}.</b>"
+    blocks: list[Any] = []
+    if bad:
+        blocks.append(Bullets([f"<b>VIOLATION at r = {fmt(r['radius'])}</b>: certified {fmt(r.get('certified'))} &gt; "
+                               f"empirical {fmt(r.get('empirical'))} (a bug, or the α event / Monte Carlo error of "
+                               "the smoothed prediction)" for r in bad], "bad"))
+    elif has_emp:
+        blocks.append(Text([f"certified ≤ empirical holds at every radius ({len(curve)} radii checked)."]))
+    blocks.append(figure_image(fig, "certified and empirical robustness curves of the smoothed model"))
+    cols = ["radius", "certified", "empirical", "gap", "violation", "predict_abstain"]
+    table = _table(curve, [c for c in cols if any(c in r for r in curve)],
+                   "curve rows; predict_abstain: share of elements where PREDICT's test would abstain")
+    for row, r in zip(table.rows, curve, strict=True):
+        if r.get("violation"):
+            for cell in row:
+                cell.cls = (cell.cls + " bad").strip()
+    blocks.append(table)
+    if meta.get("masking"):
+        blocks.append(Bullets([f"gradient-masking check on the surrogate: {m}" for m in meta["masking"]], "warn"))
+    others = [r for r in study.rows if r.get("kind") != "curve"]
+    if others:
+        blocks.append(_plain_table(others, "per-sample (and per-label) rows: certified radius, abstentions, "
+                                   "certified share of the elements at each radius"))
+    return Section("study-certify", f"Certified robustness (randomized smoothing) · {metric}", intro, blocks)
+
+
 def _study_generic(study: StudyLike, class_names: Sequence[str] | None) -> Section:
     return Section(f"study-{study.study}", f"Study: {study.study}", "",
                    [_plain_table(study.rows, f"rows of the {study.study} study", collapsed=False)])
@@ -1121,7 +1248,7 @@ def _study_generic(study: StudyLike, class_names: Sequence[str] | None) -> Secti
 
 _STUDIES = {"classwise": _study_classwise, "transfer": _study_transfer, "corruptions": _study_corruptions,
             "noise_baseline": _study_noise_baseline, "frequency": _study_frequency, "models": _study_models,
-            "correlation": _study_correlation}
+            "correlation": _study_correlation, "certify": _study_certify}
 
 
 def _study_section(study: StudyLike, class_names: Sequence[str] | None) -> Section:

@@ -54,6 +54,12 @@ def write_report(results: Results, out_dir: str | os.PathLike, title: str = "med
                       "per sample the worst case so far; `gain` is how much the member lowered it, `attacked` the "
                       "samples it ran on (those not yet at the floor) and `seconds` its total time.", ""]
             lines += _table(ensemble, ["attack", "budget", "member", metric, "gain", "attacked", "seconds", "n"])
+        worst_of = results.worst_of_table()
+        if worst_of:
+            lines += ["## Worst case of each metric", "",
+                      "`auto` on segmentation: each metric's own worst case over the members (`worst_*`) next to the "
+                      "example kept, the worst by the selection metric (`adv_*`).", ""]
+            lines += _table(worst_of, list(worst_of[0]))
         flags = results.masking_flags()
         lines += ["## Gradient-masking checks", ""]
         if flags:

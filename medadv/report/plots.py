@@ -9,18 +9,18 @@ from ..results import Results
 
 __all__ = ["headline_metric", "plot_robustness_curve"]
 
-# the per-sample column that best summarises robustness for each task, in order of preference
-_HEADLINES = ("adv_mean_dice", "adv_label_accuracy", "adv_correct")
-
 
 def headline_metric(results: Results) -> str:
     """The adversarial metric column plotted and reported for this table's task."""
     if not results.rows:
         raise ValueError("`results` is empty")
-    for col in _HEADLINES:
+    from ..tasks import headline_columns
+
+    cols = tuple("adv_" + c for c in headline_columns())  # each registered task kind's headline column
+    for col in cols:
         if col in results.rows[0]:
             return col
-    raise ValueError(f"no known metric column in results (expected one of {_HEADLINES})")
+    raise ValueError(f"no known metric column in results (expected one of {cols})")
 
 
 def _family(name: str) -> str:

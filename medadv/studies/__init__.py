@@ -11,6 +11,7 @@ study              what                                                         
 ``frequency``      attacks restricted to low / high DCT bands                              Malik et al. 2024
 ``models``         clean vs robust over several models                                     Paschali et al. 2018
 ``correlation``    feature embedding clean vs attacked, label co-occurrence                Xu et al. 2021
+``certify``        randomized-smoothing certificates vs. an attack on the smoothed model   Cohen 2019, Salman 2019
 =================  =====================================================================  =======================
 
 :func:`run_study` runs one by name with the options of a ``studies:`` config entry (:mod:`.schema`).
@@ -22,6 +23,7 @@ from __future__ import annotations
 # the functions are bound here, over the submodules of the same names (``medadv.studies.classwise`` is the
 # function; its module stays importable as ``medadv.studies.classwise`` through ``sys.modules``)
 from .base import StudyResult
+from .certify import certify
 from .classwise import classwise
 from .correlation import correlation
 from .corruptions import SUITE, Corruption, corruptions, noise_baseline
@@ -31,4 +33,5 @@ from .schema import STUDY_SPECS, run_study, validate_studies, validate_study
 from .transfer import transfer
 
 __all__ = ["StudyResult", "classwise", "transfer", "corruptions", "noise_baseline", "frequency", "models",
-           "correlation", "run_study", "validate_studies", "validate_study", "STUDY_SPECS", "SUITE", "Corruption"]
+           "correlation", "certify", "run_study", "validate_studies", "validate_study", "STUDY_SPECS", "SUITE",
+           "Corruption"]

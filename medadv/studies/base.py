@@ -16,7 +16,8 @@ from typing import Any
 
 __all__ = ["StudyResult", "jsonable"]
 
-STUDIES = ("classwise", "transfer", "corruptions", "noise_baseline", "frequency", "models", "correlation")
+STUDIES = ("classwise", "transfer", "corruptions", "noise_baseline", "frequency", "models", "correlation",
+           "certify")
 
 
 def jsonable(value: Any) -> Any:

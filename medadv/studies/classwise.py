@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..tasks import MultiClass, MultiLabel, Segmentation, Task
+from ..tasks import Task, registered_task_classes
 from ._common import AttackSpec, TargetFn, attacked_batches, check_model, check_task, key, named_attacks
 from .base import StudyResult
 
@@ -169,8 +169,9 @@ def classwise(
     check_model(model)
     check_task(task)
     named = named_attacks(attacks)
-    if not isinstance(task, MultiClass | MultiLabel | Segmentation):
-        raise TypeError(f"classwise needs a MultiClass, MultiLabel or Segmentation task, got {task!r}")
+    if task.classwise_view not in _BREAKDOWNS:
+        kinds = [c.name for c in registered_task_classes() if c.classwise_view in _BREAKDOWNS]
+        raise TypeError(f"classwise needs a task with classes or labels ({', '.join(kinds)}), got {task!r}")
     ys: list[Tensor] = []
     clean_preds: list[Tensor] = []
     adv_preds: dict[int, list[Tensor]] = {i: [] for i in range(len(named))}
@@ -178,7 +179,7 @@ def classwise(
     for batch in attacked_batches(model, task, data, named, target_fn):
         ys.append(batch.y.detach().cpu())
         clean_preds.append(task.predict(batch.clean_logits).detach().cpu())
-        outputs = int(batch.clean_logits.shape[1])
+        outputs = task.num_groups(batch.clean_logits)
         for i, att in enumerate(batch.attacked):
             adv_preds[i].append(task.predict(att.result.logits).detach().cpu())
     if not ys:
@@ -186,11 +187,8 @@ def classwise(
     y, clean = torch.cat(ys), torch.cat(clean_preds)
     conditions: list[tuple[str | None, float | None, Tensor | None]] = (
         [(name, atk.budget, torch.cat(adv_preds[i])) for i, (name, atk) in enumerate(named)] or [(None, None, None)])
-    if isinstance(task, MultiLabel):
-        return _multilabel(task, y, clean, conditions, class_names)
-    if isinstance(task, Segmentation):
-        return _segmentation(task, y, clean, conditions, class_names)
-    return _multiclass(outputs, y, clean, conditions, class_names)
+    breakdown = _BREAKDOWNS[task.classwise_view]
+    return breakdown(task, outputs, y, clean, conditions, class_names)
 
 
 Condition = tuple[str | None, float | None, Tensor | None]
@@ -225,7 +223,7 @@ def _add(meta: dict[str, Any], label: str, conf: Tensor, share: Tensor, errors: 
 _MC_EXTRA = ("attraction", "recall", "ovr_accuracy", "precision")
 
 
-def _multiclass(num: int, y: Tensor, clean: Tensor, conditions: list[Condition],
+def _multiclass(task: Task, num: int, y: Tensor, clean: Tensor, conditions: list[Condition],
                 class_names: Sequence[str] | None) -> StudyResult:
     names = _names(class_names, num)
     meta = _meta("recall", names, y.shape[0])
@@ -248,13 +246,13 @@ def _multiclass(num: int, y: Tensor, clean: Tensor, conditions: list[Condition],
     return StudyResult("classwise", rows, meta)
 
 
-def _multilabel(task: MultiLabel, y: Tensor, clean: Tensor, conditions: list[Condition],
+def _multilabel(task: Task, num: int, y: Tensor, clean: Tensor, conditions: list[Condition],
                 class_names: Sequence[str] | None) -> StudyResult:
     num = y.shape[1]
     names = _names(class_names, num)
     meta = _meta("label_accuracy", names, y.shape[0])
     meta["confusion_kind"] = "missed (row) -> spurious (column) label pairs"
-    meta["threshold"] = task.threshold
+    meta["threshold"] = getattr(task, "threshold", 0.5)
     extra = ("sensitivity", "specificity")
     s_clean = multilabel_stats(y, clean)
     _add(meta, "clean", pair_matrix(y, clean), s_clean["cfps"], s_clean["fp"].sum() + s_clean["fn"].sum(), names,
@@ -281,7 +279,7 @@ def _multilabel(task: MultiLabel, y: Tensor, clean: Tensor, conditions: list[Con
     return StudyResult("classwise", rows, meta)
 
 
-def _segmentation(task: Segmentation, y: Tensor, clean: Tensor, conditions: list[Condition],
+def _segmentation(task: Any, num: int, y: Tensor, clean: Tensor, conditions: list[Condition],
                   class_names: Sequence[str] | None) -> StudyResult:
     num = task.num_classes
     names = _names(class_names, num)
@@ -318,3 +316,7 @@ def _segmentation(task: Segmentation, y: Tensor, clean: Tensor, conditions: list
                     "adv": None if got is None else _num(got[2][j]), "cfps_clean": c_cfps, "cfps_adv": a_cfps,
                 })
     return StudyResult("classwise", rows, meta)
+
+
+#: the breakdown of each ``Task.classwise_view``
+_BREAKDOWNS = {"classes": _multiclass, "labels": _multilabel, "map": _segmentation}

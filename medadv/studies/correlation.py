@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..tasks import MultiClass, MultiLabel, Segmentation, Task
+from ..tasks import Task
 from ._common import (
     AttackSpec,
     TargetFn,
@@ -93,18 +93,9 @@ def layer_features(model: nn.Module, x: Tensor, layer: str | None) -> Tensor:
 
 
 def _labels(task: Task, y: Tensor, names: list[Any]) -> list[Any]:
+    """Each sample's group (:meth:`Task.sample_group`: its class, its set of labels, its largest structure)."""
     y = y.detach().cpu()
-    if isinstance(task, MultiClass):
-        return [names[int(v)] for v in y]
-    if isinstance(task, MultiLabel):
-        return ["+".join(str(names[j]) for j in range(y.shape[1]) if y[i, j] > 0.5) or "none" for i in range(len(y))]
-    if isinstance(task, Segmentation):  # the largest foreground structure of each case
-        out = []
-        for i in range(y.shape[0]):
-            counts = torch.bincount(task.safe_labels(y[i]).reshape(-1), minlength=task.num_classes)[1:]
-            out.append(names[int(counts.argmax()) + 1] if counts.sum() > 0 else names[0])
-        return out
-    return [None] * y.shape[0]
+    return [task.sample_group(y[i], names) for i in range(y.shape[0])]
 
 
 def correlation(
@@ -153,7 +144,7 @@ def correlation(
     for batch in attacked_batches(model, task, data, named, target_fn):
         ys.append(batch.y.detach().cpu())
         clean_pred.append(task.predict(batch.clean_logits).detach().cpu())
-        outputs = int(batch.clean_logits.shape[1])
+        outputs = task.num_groups(batch.clean_logits)
         f_clean.append(layer_features(model, batch.x, layer))
         for i, att in enumerate(batch.attacked):
             adv_pred[i].append(task.predict(att.result.logits).detach().cpu())
@@ -161,14 +152,14 @@ def correlation(
     if not ys:
         raise ValueError("`data` is empty")
     y, cp = torch.cat(ys), torch.cat(clean_pred)
-    num = task.num_classes if isinstance(task, Segmentation) else outputs
+    num = outputs
     names: list[Any] = list(range(num)) if label_names is None else [str(n) for n in label_names]
     if len(names) != num:
         raise ValueError(f"`label_names` has {len(names)} names for {num} classes/labels")
     fc = torch.cat(f_clean)
     spread = float((fc - fc.mean(0)).norm(dim=1).mean()) or 1.0
     rows: list[dict[str, Any]] = []
-    multilabel = isinstance(task, MultiLabel)
+    multilabel = task.classwise_view == "labels"  # 0/1 label vectors: label co-occurrence
     m_clean = cooccurrence(cp) if multilabel else None
     for i, (aname, atk) in enumerate(named):
         ap = torch.cat(adv_pred[i])

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from ..metrics.image import ssim
-from ..tasks import Segmentation, Task
+from ..tasks import Task
 from ..threats import Bounds, Box
 from ._common import (
     AttackSpec,
@@ -291,7 +291,7 @@ def corruptions(
     # (corruption, severity) -> [metric sum, metric count, flip sum, flip count]
     acc = {(c.name, s): [0.0, 0, 0.0, 0] for c in corrs for s in sev}
     clean_sum, clean_n, first = 0.0, 0, 0
-    seg = isinstance(task, Segmentation)
+    seg = task.spatial_labels  # label maps move with a spatial corruption
     for x, y in batches(data):
         logits0 = forward(model, x)
         y = y.to(logits0.device)
@@ -317,7 +317,7 @@ def corruptions(
                     yj = moved.get("label", y).to(logits.device)
                     pred = task.predict(logits)
                     ref = moved["ref"].to(pred.device) if "ref" in moved else (prev if corr.kind == "ramp" else pred0)
-                    mask = task.valid_mask(yj) if seg else None
+                    mask = task.valid_mask(yj)
                     f, n = sequence_flips([pred], [ref], mask)
                     entry[2] += f
                     entry[3] += n

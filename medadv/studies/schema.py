@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, Strict, field_validator
+from pydantic import Field, Strict, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 from torch import nn
 
@@ -30,7 +30,7 @@ from ._common import AttackSpec, TargetFn, named_attacks
 from .base import StudyResult
 
 __all__ = ["STUDY_SPECS", "StudySpec", "ClasswiseSpec", "TransferSpec", "CorruptionsSpec", "NoiseBaselineSpec",
-           "FrequencySpec", "ModelsSpec", "CorrelationSpec", "validate_study", "validate_studies", "run_study"]
+           "FrequencySpec", "ModelsSpec", "CorrelationSpec", "CertifySpec", "validate_study", "validate_studies", "run_study"]
 
 Int = Annotated[int, Strict()]
 Number = Annotated[float, Strict()]
@@ -119,11 +119,39 @@ class CorrelationSpec(StudySpec):
     max_points: Int = Field(2000, ge=2)
 
 
+class CertifySpec(StudySpec):
+    """Randomized-smoothing certificates vs. an attack on the same smoothed model (Cohen et al. 2019, Salman et
+    al. 2019): :func:`medadv.studies.certify.certify`. ``sigma`` and ``radii`` in data units (L2); ``bounds``: the
+    attack's data box (default: the attacks' box; ``null``: unbounded)."""
+
+    study: Literal["certify"]
+    sigma: Number = Field(gt=0.0)
+    radii: Annotated[list[Annotated[float, Strict(), Field(gt=0.0)]], Field(min_length=1)]
+    n0: Int = Field(100, ge=1)
+    n: Int = Field(1000, ge=1)
+    alpha: Number = Field(0.001, gt=0.0, lt=1.0)
+    batch_size: Int = Field(256, ge=1)
+    correction: Literal["bonferroni", "holm"] = "bonferroni"
+    tau: Annotated[float, Strict(), Field(gt=0.5, lt=1.0)] | None = None
+    seed: Int | None = 0
+    empirical: Literal["auto", "pgd", "none"] = "auto"
+    empirical_steps: Annotated[int, Strict(), Field(ge=1)] | None = None
+    draws: Int = Field(8, ge=1)
+    bounds: Annotated[list[Number], Field(min_length=2, max_length=2)] | None = None
+
+    @model_validator(mode="after")
+    def _holm_needs_tau(self) -> CertifySpec:
+        if self.correction == "holm" and self.tau is None:
+            raise PydanticCustomError("certify_tau", "needs `tau` with `correction: holm` (Holm tests p <= tau per "
+                                      "element, e.g. tau: 0.75); use `correction: bonferroni` without it")
+        return self
+
+
 #: study name -> its schema
 STUDY_SPECS: dict[str, type[StudySpec]] = {
     "classwise": ClasswiseSpec, "transfer": TransferSpec, "corruptions": CorruptionsSpec,
     "noise_baseline": NoiseBaselineSpec, "frequency": FrequencySpec, "models": ModelsSpec,
-    "correlation": CorrelationSpec,
+    "correlation": CorrelationSpec, "certify": CertifySpec,
 }
 
 
@@ -225,6 +253,17 @@ def run_study(name: str, spec: Mapping[str, Any] | StudySpec | None, model: nn.M
     if isinstance(s, TransferSpec):
         return transfer(_pick(models, s.surrogates, "surrogates"), _pick(models, s.targets, "targets"), task, data,
                         attacks if attacks is not None else {}, target_fn=target_fn)
+    if isinstance(s, CertifySpec):
+        from .certify import certify
+
+        if "bounds" in s.model_fields_set:
+            box: Any = None if s.bounds is None else (s.bounds[0], s.bounds[1])
+        else:
+            named = named_attacks(attacks)
+            box = named[0][1].box if named else None
+        return certify(_one(models, s), task, data, sigma=s.sigma, radii=s.radii, n0=s.n0, n=s.n, alpha=s.alpha,
+                       batch_size=s.batch_size, correction=s.correction, tau=s.tau, seed=s.seed,
+                       empirical=s.empirical, empirical_steps=s.empirical_steps, draws=s.draws, bounds=box)
     if isinstance(s, CorruptionsSpec):
         if "bounds" in s.model_fields_set:
             bounds: Any = None if s.bounds is None else (s.bounds[0], s.bounds[1])

@@ -11,7 +11,7 @@ from medadv.attacks.base import get_attack
 from medadv.attacks.pgd import PGD
 from medadv.evaluation import evaluate
 from medadv.params import InvalidParameterError
-from medadv.tasks import MultiClass, MultiLabel, Segmentation
+from medadv.tasks import MultiClass, MultiLabel, Segmentation, registered_task_classes
 from medadv.threats import L2, Box, Linf
 
 ML_MEMBERS = ["apgd-ce", "apgd-margin", "apgd-flip", "square"]
@@ -57,10 +57,12 @@ def test_multilabel_worst_case_of_members_and_no_weaker_than_pgd(trained_multila
 def test_seg3d_worst_case_of_members_and_no_weaker_than_pgd(trained_seg3d):
     t = trained_seg3d
     threat = Linf(0.08, bounds=(0.0, 1.0))
-    atk = AutoEvaluation(t.task, threat, version="custom", attacks=SEG_MEMBERS, steps=10, queries=30, checks=False)
+    # selection by Dice (the robust metric _metric reads); worst-of is tested in test_auto_selection.py
+    atk = AutoEvaluation(t.task, threat, version="custom", attacks=SEG_MEMBERS, steps=10, queries=30, checks=False,
+                         metric="dice")
     res = atk(t.model, t.x, t.y)
     final = _metric(t, res.x_adv)
-    alone = _alone(t, threat, SEG_MEMBERS, steps=10, queries=30)
+    alone = _alone(t, threat, SEG_MEMBERS, steps=10, queries=30, metric="dice")
     # the same per-sample numbers as running every member alone (up to float reduction order across batches)
     assert torch.allclose(final, alone.min(dim=0).values, atol=1e-6)
     assert bool((final <= alone.min(dim=0).values + 1e-6).all())
@@ -113,7 +115,9 @@ def test_versions_and_members_per_task():
     a = AutoEvaluation(MultiLabel(), Linf(0.1, bounds=(0, 1)), version="fast")
     assert a.fingerprint() != a.set_params(steps=50).fingerprint()
     assert a.fingerprint() != a.set_params(version="standard").fingerprint()
-    assert set(COMPONENTS) == {"multiclass", "multilabel", "segmentation"}
+    # every registered kind that declares members (the built-in ones and any added kind, e.g. regression)
+    assert set(COMPONENTS) == {c.name for c in registered_task_classes() if c.auto_members}
+    assert {"multiclass", "multilabel", "segmentation"} <= set(COMPONENTS)
 
 
 def test_refusals():

@@ -230,7 +230,7 @@ def test_missing_and_mismatched_files_are_one_line(tmp_path):
         check_data({**FILES, "labels": ["labels/case0.nii.gz"]}, str(tmp_path), seg)
     with pytest.raises(ConfigError, match="the cases have no labels"):
         check_data({"source": "files", "images": "images/*"}, str(tmp_path), seg)
-    with pytest.raises(ConfigError, match=r"^`data`: the task is multilabel but the data's labels are label maps"):
+    with pytest.raises(ConfigError, match=r"^`data`: the task reads 0/1 label columns but the data's labels are label maps"):
         check_data(FILES, str(tmp_path), MultiLabel())
 
 

@@ -125,7 +125,7 @@ def test_bad_cases_are_refused():
         Case(x, torch.zeros(1, 8, 9), torch.tensor(0), torch.tensor(1), "multiclass")
     with pytest.raises(ValueError, match="label maps"):
         Case(x, x, torch.zeros(4, 4), torch.zeros(4, 4), "segmentation")
-    with pytest.raises(TypeError, match="MultiClass, MultiLabel and Segmentation"):
+    with pytest.raises(TypeError, match="medadv Task"):
         make_cases(object(), x[None], x[None], torch.zeros(1, 2), torch.zeros(1, 2))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="saliency"):
         SaliencyPair.from_result(x, type("R", (), {"extras": {}})())
@@ -166,7 +166,7 @@ def test_worst_cases_redraw_what_evaluate_measured(trained_seg3d):
         r["clean_mean_dice"] - r["adv_mean_dice"] for r in rows)
     assert [c.title for c in cases] == [f"pgd ε=0.06275 (16/255) · case {r['sample']}" for r in worst]
     for case, row in zip(cases, worst, strict=True):
-        assert case.kind == "segmentation" and case.class_names == names
+        assert case.kind == "map" and case.class_names == names
         assert torch.equal(case.x, t.x[row["sample"]]) and torch.equal(case.label, t.y[row["sample"]])
         # the same adversarial example as the table's: its Dice per class is the row's
         onehot = torch.nn.functional.one_hot(case.adv[None].long(), 3).movedim(-1, 1).double() * 1e3

@@ -153,7 +153,7 @@ def test_segmentation_mean_dice_fooled_and_metrics():
     assert torch.equal(task.fooled(wrong, y), torch.tensor([False, True]))
     assert torch.equal(task.fooled(wrong, y, targeted=True), torch.tensor([True, False]))
     m = task.metrics(wrong, y)
-    assert set(m) == {"dice", "mean_dice", "pixel_accuracy"}
+    assert set(m) == {"dice", "mean_dice", "pixel_accuracy", "miou"}
     torch.testing.assert_close(m["pixel_accuracy"], torch.tensor([1.0, 0.5]))
     assert m["dice"].shape == (2, 3)
     # include_background counts the background class in the mean

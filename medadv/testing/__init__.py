@@ -19,11 +19,27 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-__all__ = ["RobustnessCheck"]
+__all__ = ["RobustnessCheck", "check_attack", "check_task", "ConformanceError"]
+
+_LAZY = {"check_attack": ".attack_checks", "check_task": ".task_checks", "ConformanceError": "._common"}
+
+if TYPE_CHECKING:
+    from ._common import ConformanceError
+    from .attack_checks import check_attack
+    from .task_checks import check_task
+
+
+def __getattr__(name: str) -> Any:
+    """The conformance checks, imported on first use (the pytest plugin itself needs no torch)."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 BASELINE_FILE = "robustness_baselines.json"
 
@@ -45,8 +61,8 @@ class RobustnessCheck:
 
         ``target_fn(x, y, clean_logits) -> target`` is required for targeted attacks (DAG, for one).
         """
-        from .evaluation import evaluate
-        from .report.plots import headline_metric
+        from ..evaluation import evaluate
+        from ..report.plots import headline_metric
 
         results = evaluate(model, task, data, {"attack": attack}, target_fn=target_fn)
         metric = metric or headline_metric(results)

@@ -1,0 +1,551 @@
+"""The task base class and the registry of task kinds.
+
+A :class:`Task` turns logits and labels into the quantities every attack, defense and metric needs:
+an *unreduced per-element loss* (per sample for multi-class, per label for multi-label, per voxel for
+segmentation, per output for regression), predictions, a per-sample "fooled" test and clean metrics. Attacks
+never special-case a task: CosPGD and SegPGD are weightings of :meth:`Task.element_loss`, so one loop attacks a
+14-label chest X-ray classifier (per label) and a 3-D organ segmenter (per voxel).
+
+A task *kind* is the one extension point: the class declares what evaluation, data loading, the report, the
+studies, ``auto``, the config and the toolkit adapters ask of it (class attributes and hooks with defaults, below),
+and :func:`register_task` makes it a name (``get_task("segmentation", num_classes=4)``, ``task: {type: ...}`` in a
+config, ``medadv tasks``). Nothing outside :mod:`medadv.tasks` tests for a task class.
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..params import InvalidParameterError, closest
+from ..runtime import all_finite
+
+__all__ = ["Task", "Outcome", "TaskExample", "register_task", "task_class", "get_task", "available_tasks",
+           "registered_task_classes", "task_family", "tiny_net", "robust_metric_columns",
+           "headline_columns", "lower_is_better"]
+
+
+def _check_finite(name: str, t: Tensor) -> None:
+    if not all_finite(t):
+        raise ValueError(f"`{name}` contains NaN or Inf values")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an evaluation reads from one model output, computed once, batched, on the output's device.
+
+    Attributes:
+        pred: the hard prediction (:meth:`Task.predict`), shaped like ``y``.
+        wrong: ``(N,)`` bool, the task's untargeted "fooled" test against ``y`` (the prediction is wrong).
+        columns: per-sample metric tensors with leading dim N (``(N,)`` or ``(N, K)``); result rows store them
+            as ``clean_<key>`` / ``adv_<key>``. Bool tensors become ``True``/``False``, integer tensors ints,
+            floating tensors floats (NaN as ``None``).
+    """
+
+    pred: Tensor
+    wrong: Tensor
+    columns: dict[str, Tensor] = field(default_factory=dict)
+
+
+def _argmax1(logits: Tensor) -> Tensor:
+    """Arg-max over the class axis (first maximum on ties, like ``argmax``).
+
+    ``max(dim=1).indices`` is the same index but 5-9x faster than ``argmax(dim=1)`` on CPU for
+    ``(N, C, *spatial)`` logits (7 ms vs 1 ms at 2x3x32^3); SegPGD calls it every step.
+    """
+    return logits.max(dim=1).indices
+
+
+def _onehot_cosine(p: Tensor, y: Tensor) -> Tensor:
+    """``cos(p, onehot(y)) = p_y / ||p||`` over the class axis (dim 1); ``||p|| > 0`` for a softmax."""
+    return p.gather(1, y.unsqueeze(1)).squeeze(1) * (p * p).sum(dim=1).rsqrt()
+
+
+class Task(ABC):
+    """Base class of all tasks. Subclasses define the element grid and its loss."""
+
+    # --- what the rest of medadv asks of a task kind (declared here; see "Add a task kind" in the README) --------------
+    #: the registry name (``get_task(name)``, a config's ``task.type``); set by :func:`register_task`
+    name: ClassVar[str] = "task"
+    #: what the kind is, in words (``medadv tasks``, report headings)
+    title: ClassVar[str] = "custom task"
+    #: the model output and label shapes, in words (``medadv tasks``)
+    shapes: ClassVar[str] = ""
+    #: the per-sample column (without the ``clean_``/``adv_`` prefix) a report and the pytest plugin lead with
+    headline: ClassVar[str | None] = None
+    #: whether a larger :attr:`headline` value is better (accuracy, Dice) or worse (an error)
+    higher_is_better: ClassVar[bool] = True
+    #: the per-sample column of :meth:`robust_metric` (without prefix), e.g. ``correct`` for ``accuracy``
+    robust_metric_column: ClassVar[str | None] = None
+    #: a finer per-sample column that orders samples with the same robust-metric drop (report cases), or ``None``
+    tiebreak_column: ClassVar[str | None] = None
+    #: :meth:`robust_metric` only takes the values 0 and 1 (it is stored as ``True``/``False``)
+    robust_metric_binary: ClassVar[bool] = False
+    #: the labels a file data source must give for this kind: ``"map"`` (label images), ``"vector"`` (0/1 columns),
+    #: ``"index"`` (one class index per case), ``"values"`` (numbers per case); ``None``: no file source
+    label_source: ClassVar[str | None] = None
+    #: the outputs are class scores, so :meth:`distributions`, :meth:`log_probs`, :meth:`target_cosine` and
+    #: :meth:`least_likely` apply; attacks built on class distributions (CosPGD, the relevance attack, APGD's
+    #: ``js`` / ``cospgd`` losses) refuse a kind without them before any work (regression: values, not scores)
+    class_scores: ClassVar[bool] = True
+    #: the model returns logits (a loss on probabilities would saturate): the masking checks look for
+    #: probability-like outputs; ``exclusive_classes``: one class per element (softmax over dim 1)
+    outputs_are_logits: ClassVar[bool] = True
+    exclusive_classes: ClassVar[bool] = False
+    #: labels lie on the input's spatial grid (label maps): a spatial transform of the input must move them too
+    spatial_labels: ClassVar[bool] = False
+    #: how the report draws a prediction: ``"classes"`` (one class, score bars), ``"labels"`` (multi-hot, score bars),
+    #: ``"map"`` (a label map over the image), ``"values"`` (numbers); ``None``: image and perturbation only
+    case_view: ClassVar[str | None] = None
+    #: the class-wise study's breakdown (``medadv.studies.classwise``): ``"classes"``, ``"labels"``, ``"map"``
+    #: or ``None`` (the study refuses this kind)
+    classwise_view: ClassVar[str | None] = None
+    #: ``medadv.masking.check_unbounded``'s default tolerance on the robust metric
+    unbounded_tolerance: ClassVar[float] = 0.05
+    #: ``auto`` (worst-case ensemble): every member this kind accepts, in the standard order, and the members and
+    #: defaults of each version (``{"standard": {"attacks": (...), "steps": 100, ...}, "fast": {...}}``);
+    #: empty: ``auto`` refuses this kind
+    auto_members: ClassVar[tuple[str, ...]] = ()
+    auto_versions: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+    #: the metrics ``auto`` may keep the worst case by (``auto(metric=...)``): name → :meth:`outcome` column;
+    #: empty: only :meth:`robust_metric`
+    selection_metrics: ClassVar[Mapping[str, str]] = {}
+    #: the per-sample columns the HTML report draws as a clean-vs-attacked scatter (regression: the largest error)
+    scatter_columns: ClassVar[tuple[str, ...]] = ()
+    #: ``auto``'s runner: ``"engine"`` (medadv's APGD/Square members) or ``"pyautoattack"`` (the reference code)
+    auto_runner: ClassVar[str] = "engine"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _DEFINED.append(weakref.ref(cls))  # its declarations (headline) count for reports without registration
+
+    # --- validation -------------------------------------------------------------------------------
+    @abstractmethod
+    def validate_logits(self, logits: Tensor) -> None:
+        """Raise ``ValueError`` if ``logits`` cannot be the output of a model for this task."""
+
+    @abstractmethod
+    def validate_labels(self, logits: Tensor, y: Tensor, name: str = "y") -> None:
+        """Raise ``ValueError``/``TypeError`` if ``y`` does not fit ``logits`` for this task."""
+
+    def validate(self, logits: Tensor, y: Tensor | None, name: str = "y") -> None:
+        if not isinstance(logits, Tensor):
+            raise TypeError(f"model output must be a Tensor of logits, got {type(logits).__name__} "
+                            "(wrap models that return tuples or dicts so that forward returns the logits)")
+        self.validate_logits(logits)
+        if y is not None:
+            if not isinstance(y, Tensor):
+                raise TypeError(f"`{name}` must be a torch.Tensor, got {type(y).__name__}")
+            self.validate_labels(logits, y, name)
+
+    # --- core quantities ----------------------------------------------------------------------------
+    @abstractmethod
+    def element_loss(self, logits: Tensor, y: Tensor) -> Tensor:
+        """Unreduced loss on the element grid (no weighting, no ignore mask applied)."""
+
+    @abstractmethod
+    def predict(self, logits: Tensor) -> Tensor:
+        """Hard prediction with the dtype and shape of ``y``."""
+
+    @abstractmethod
+    def distributions(self, logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """Predicted and target distributions, class axis at dim 1, for per-element similarity.
+
+        Multi-label labels are treated as independent Bernoulli variables, so both tensors are
+        ``(N, 2, L)`` (``[p, 1 - p]`` against ``[y, 1 - y]``).
+        """
+
+    def log_probs(self, logits: Tensor) -> Tensor:
+        """Log of the predicted distribution, class axis at dim 1 (``(N, 2, L)`` Bernoulli pairs for multi-label)."""
+        return logits.log_softmax(dim=1)
+
+    def least_likely(self, logits: Tensor) -> Tensor:
+        """The labels farthest from the prediction, shaped like ``y`` (GAP's untargeted objective)."""
+        return logits.argmin(dim=1)
+
+    def target_cosine(self, logits: Tensor, y: Tensor) -> Tensor:
+        """Per-element cosine similarity of the predicted and target distributions (the CosPGD weight).
+
+        Element grid shaped; equals ``F.cosine_similarity(*self.distributions(logits, y), dim=1)``.
+        Subclasses compute it in closed form: with a one-hot target it is ``p_y / ||p||``, which avoids
+        a norm over the class axis (a slow strided reduction on CPU for ``(N, C, *spatial)`` tensors).
+        """
+        p, t = self.distributions(logits, y)
+        return F.cosine_similarity(p, t, dim=1, eps=1e-12)
+
+    @abstractmethod
+    def element_correct(self, logits: Tensor, y: Tensor) -> Tensor:
+        """Boolean element grid: prediction equals the label."""
+
+    @abstractmethod
+    def fooled(self, logits: Tensor, y: Tensor, targeted: bool = False) -> Tensor:
+        """``(N,)`` bool: untargeted — the prediction left ``y``; targeted — it reached ``y``."""
+
+    @abstractmethod
+    def metrics(self, logits: Tensor, y: Tensor) -> dict[str, Tensor]:
+        """Per-sample clean metrics, each a tensor with leading dim N."""
+
+    def valid_mask(self, y: Tensor) -> Tensor | None:
+        """Element mask of labels that count (``None``: all count)."""
+        return None
+
+    #: the lowest value :meth:`robust_metric` can take (a sample there cannot be made worse)
+    metric_floor: float = 0.0
+    #: the name of :meth:`robust_metric` in results tables
+    robust_metric_name: str = "metric"
+
+    def robust_metric(self, logits: Tensor, y: Tensor) -> Tensor:
+        """``(N,)`` float: the per-sample metric a worst-case robustness evaluation minimises (``auto``).
+
+        Multi-class: correct (1) or not (0); multi-label: exact match (1 when every label is right);
+        segmentation: mean Dice. At :attr:`metric_floor` a sample cannot be made worse.
+        """
+        raise NotImplementedError(f"{type(self).__name__} defines no robust metric (implement `robust_metric`)")
+
+    # --- evaluation columns: batched on the device, one host copy per batch (medadv.evaluation) ----------------------
+    def decide(self, logits: Tensor, y: Tensor, targeted: bool = False) -> tuple[Tensor, Tensor]:
+        """``(prediction, fooled)`` of one output: :meth:`predict` and :meth:`fooled` (the built-in tasks derive the
+        test from the one prediction; attacks return both, so an evaluation does not predict again)."""
+        return self.predict(logits), self.fooled(logits, y, targeted)
+
+    def outcome(self, logits: Tensor, y: Tensor, pred: Tensor | None = None) -> Outcome:
+        """The prediction, the "wrong" test and the per-sample metric columns of one output (:class:`Outcome`).
+
+        ``pred``: :meth:`predict` of ``logits`` when the caller has it already (an attack's result carries it).
+        The default reads :meth:`predict`, :meth:`fooled` and :meth:`metrics`; the built-in tasks compute all three
+        from one prediction. Everything stays on the device of ``logits``.
+        """
+        pred = self.predict(logits) if pred is None else pred
+        return Outcome(pred, self.fooled(logits, y), dict(self.metrics(logits, y)))
+
+    def sample_columns(self, y: Tensor, clean: Outcome, adv: Outcome) -> dict[str, Tensor]:
+        """The per-sample columns of result rows for one attacked batch, in row order, as device tensors.
+
+        ``changed``: the adversarial prediction differs from the clean one; ``flipped``: right before the attack and
+        wrong after (untargeted test against ``y``); then ``clean_<k>``/``adv_<k>`` for every metric column ``k``.
+        Tasks add their own columns (the label, the share of labels or voxels that changed) by overriding this.
+        """
+        return {"changed": self.changed(clean.pred, adv.pred, y), **self._paired_columns(clean, adv)}
+
+    def changed(self, clean_pred: Tensor, adv_pred: Tensor, y: Tensor) -> Tensor:
+        """``(N,)`` bool: the adversarial prediction differs from the clean one (default: in any element)."""
+        n = clean_pred.shape[0]
+        return (clean_pred != adv_pred).reshape(n, -1).any(dim=1)
+
+    @staticmethod
+    def _paired_columns(clean: Outcome, adv: Outcome) -> dict[str, Tensor]:
+        """``flipped`` and the ``clean_<k>``/``adv_<k>`` pairs of every metric column."""
+        cols = {"flipped": ~clean.wrong & adv.wrong}
+        for k, v in clean.columns.items():
+            cols[f"clean_{k}"] = v
+            cols[f"adv_{k}"] = adv.columns[k]
+        return cols
+
+    def loss(self, logits: Tensor, y: Tensor, weight: Tensor | None = None) -> Tensor:
+        """Per-sample loss ``(N,)``: element loss, optionally weighted, averaged over valid elements."""
+        return self.reduce(self.element_loss(logits, y), y, weight)
+
+    def reduce(self, element: Tensor, y: Tensor, weight: Tensor | None = None) -> Tensor:
+        """Average an element-grid tensor to ``(N,)``, honouring weights and ignored labels."""
+        if weight is not None:
+            element = element * weight
+        mask = self.valid_mask(y)
+        flat = element.reshape(element.shape[0], -1)
+        if mask is None:
+            return flat.mean(dim=1)
+        m = mask.reshape(mask.shape[0], -1).to(flat.dtype)
+        return (flat * m).sum(dim=1) / m.sum(dim=1).clamp_min(1.0)
+
+    def to_target(self, y: Tensor, logits: Tensor) -> Tensor:
+        """Labels in the dtype the loss expects (used for clean predictions as labels)."""
+        return y
+
+    def element_margin(self, logits: Tensor, y: Tensor) -> Tensor:
+        """Per-element logit margin on the element grid: the label's logit minus the best other logit.
+
+        Positive where the element is predicted as its label, negative where it is not, in logit units
+        (the margin/DLR family of attack objectives: Carlini & Wagner 2017; Croce & Hein 2020). Ignored
+        labels are not masked here; :meth:`margin` masks them through :meth:`reduce`.
+        """
+        raise NotImplementedError(f"{type(self).__name__} defines no logit margin (implement `element_margin`)")
+
+    def margin(self, logits: Tensor, y: Tensor, weight: Tensor | None = None) -> Tensor:
+        """Per-sample margin ``(N,)``: :meth:`element_margin` averaged by :meth:`reduce` (valid elements only,
+        optionally weighted). Untargeted attacks descend it, targeted attacks ascend it towards the target."""
+        return self.reduce(self.element_margin(logits, y), y, weight)
+
+    def __repr__(self) -> str:
+        """``Name(param=value, ...)`` from ``__init__``'s parameters stored under their own names (the built-in kinds
+        write their own); a parameter stored under another name is left out."""
+        params = [p.name for p in inspect.signature(type(self).__init__).parameters.values()
+                  if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        shown = ", ".join(f"{k}={getattr(self, k)!r}" for k in params if k in vars(self))
+        return f"{type(self).__name__}({shown})"
+
+    # --- hooks of evaluation, data, report and studies (defaults fit any task) ----------------------------------------
+    def parse_labels(self, y: Tensor, x: Tensor) -> Tensor:
+        """Labels as this task reads them, from what a data loader yields (``evaluate()`` calls it per batch).
+
+        The default keeps ``y``. Class-index tasks squeeze a singleton channel (``(N, 1)`` columns, MONAI's
+        ``(N, 1, *spatial)`` label maps) and turn integral floats into int64; non-integral values are refused.
+        """
+        return y
+
+    def input_box(self, lo: Any, hi: Any) -> Any:
+        """The data box of this task's inputs for a range ``[lo, hi]`` (a config's ``threat.bounds``; ``None``:
+        unbounded). The default is a plain :class:`~medadv.threats.Box`; a kind whose inputs carry channels that
+        must not move (prompt codes) returns a box that pins them."""
+        from ..threats import Box
+
+        return Box.unbounded() if lo is None and hi is None else Box(lo, hi)
+
+    def fixed_input_channels(self) -> int:
+        """How many trailing input channels carry no image (a promptable model's prompt code): attacks that
+        transform the whole input (VAFA's DCT quantisation, GAP's generator) refuse a task with any."""
+        return 0
+
+    def support_column(self, spatial_dims: int | None = None) -> str:
+        """The toolkit support tables' column of this task (``adapters.support``): the kind's :attr:`name`;
+        segmentation splits by ``spatial_dims``. A kind with no column in a toolkit's table is refused there."""
+        return self.name
+
+    def case_scores(self, logits: Tensor) -> Tensor | None:
+        """Per-class scores a report case shows as bars (softmax, sigmoid), or ``None``."""
+        return None
+
+    def change_fraction(self, clean_pred: Tensor, adv_pred: Tensor) -> Tensor:
+        """``(N,)`` share of the prediction's elements the attack changed (a report picks the most changed cases)."""
+        n = clean_pred.shape[0]
+        return (clean_pred != adv_pred).reshape(n, -1).double().mean(dim=1)
+
+    def case_note(self, y: Tensor, clean_pred: Tensor, adv_pred: Tensor) -> str:
+        """One line under a report case: the metric before → after the attack, for one sample (no batch dim)."""
+        clean = self.outcome_of_pred(clean_pred.unsqueeze(0), y.unsqueeze(0))
+        adv = self.outcome_of_pred(adv_pred.unsqueeze(0), y.unsqueeze(0))
+        key = self.headline
+        if clean is None or adv is None or key is None or key not in clean.columns:
+            return ""
+        before, after = float(clean.columns[key].double().mean()), float(adv.columns[key].double().mean())
+        return f"{key.replace('_', ' ')} {before:.3g} → {after:.3g}"
+
+    def outcome_of_pred(self, pred: Tensor, y: Tensor) -> Outcome | None:
+        """The :class:`Outcome` of a hard prediction alone (no logits), or ``None`` when the task needs logits.
+        Report cases call it on stored predictions."""
+        return None
+
+    def sample_group(self, y: Tensor, names: Sequence[Any]) -> Any:
+        """The group one sample belongs to, named with ``names`` (the correlation study colours by it): its
+        class, its set of present labels, its largest structure; ``None`` when the kind has none."""
+        return None
+
+    def num_groups(self, logits: Tensor) -> int:
+        """How many classes / labels / outputs ``names`` has to name for this task (studies, reports)."""
+        return int(logits.shape[1]) if logits.ndim >= 2 else 1
+
+    # --- saliency attacks: the class a map explains, and flipping the prediction (defaults fit any task) --------------
+    #: a targeted flip is defined (drive the prediction to the target); ``False``: the flip changes one chosen label and
+    #: is untargeted only (multi-label)
+    flip_targeted: ClassVar[bool] = True
+
+    def explained_class(self, y: Tensor, scores: Tensor) -> Tensor:
+        """``(N,)`` the class or label a saliency map explains when none is chosen, from the labels ``y`` and the
+        per-sample class scores ``(N, K)``: the highest-scoring one (multi-class: the label)."""
+        return scores.argmax(dim=1)
+
+    def flip_goal(self, y: Tensor, label: Tensor, clean_logits: Tensor | None, targeted: bool) -> Tensor | None:
+        """What flipping the prediction aims at, per sample (:meth:`flip_loss`, :meth:`flipped`): ``label`` is the
+        explained class (:meth:`explained_class`). ``None`` (the default): leave ``y`` (untargeted) or reach it."""
+        return None
+
+    def flip_loss(self, logits: Tensor, y: Tensor, label: Tensor, goal: Tensor | None, targeted: bool) -> Tensor:
+        """``(N,)`` a loss whose descent flips the prediction towards :meth:`flip_goal`; the default ascends the
+        task loss (untargeted) or descends it towards the target ``y``."""
+        loss = self.loss(logits, y)
+        return loss if targeted else -loss
+
+    def flipped(self, logits: Tensor, y: Tensor, label: Tensor, goal: Tensor | None, targeted: bool) -> Tensor:
+        """``(N,)`` bool: the flip happened (default: :meth:`fooled`)."""
+        return self.fooled(logits, y, targeted)
+
+    @classmethod
+    def config_schema(cls) -> type:
+        """The pydantic model of this kind's ``task:`` section in a config.
+
+        The default derives it from ``__init__``'s signature (its type hints and defaults) plus ``type`` and the
+        report-only ``class_names``, so a new kind needs nothing more; the built-in kinds declare range checks.
+        """
+        from ..config_schema import task_schema_from_signature
+
+        return task_schema_from_signature(cls)
+
+    @classmethod
+    def examples(cls, seed: int = 0) -> list[TaskExample]:
+        """Small models with data for this kind, one per setting it covers (2-D and 3-D, one or several channels):
+        the conformance suite runs every registered attack on each (tests, docs, :mod:`medadv.testing`)."""
+        raise NotImplementedError(f"{cls.__name__} defines no examples (implement the classmethod `examples`)")
+
+    @classmethod
+    def example(cls, seed: int = 0) -> TaskExample:
+        """The first of :meth:`examples`."""
+        return cls.examples(seed)[0]
+
+
+def _class_margin(logits: Tensor, y: Tensor) -> Tensor:
+    """``z_y − max_{j≠y} z_j`` over the class axis (dim 1), element-grid shaped; ``y`` int64, element-grid shaped."""
+    idx = y.unsqueeze(1)
+    own = logits.gather(1, idx).squeeze(1)
+    # the label's own logit masked out; max(dim).values, not amax: one index gets the gradient on ties
+    others = logits.scatter(1, idx, float("-inf")).max(dim=1).values
+    return own - others
+
+
+# --- examples ---------------------------------------------------------------------------------------------------------
+@dataclass
+class TaskExample:
+    """A small model with a batch for one task kind (:meth:`Task.example`; tests, docs and
+    :func:`medadv.testing.check_task` / :func:`~medadv.testing.check_attack` run on it).
+
+    Attributes:
+        key: a short name of the setting (``"seg3d"``).
+        task: the task instance.
+        model: an ``nn.Module`` in eval mode whose output the task reads (BatchNorm and dropout included, so a
+            check sees mode and running statistics change).
+        x: ``(N, C, *spatial)`` inputs inside ``box``.
+        y: labels for ``x``.
+        box: the data range, ``(lo, hi)`` scalars or per-channel tensors (a :class:`~medadv.threats.Box`).
+        target: labels for a targeted attack (a goal the task's targeted ``fooled`` test reads), or ``None``.
+        eps: ``{"Linf": ..., "L2": ...}`` budgets in data units that fit the box.
+    """
+
+    key: str
+    task: Task
+    model: nn.Module
+    x: Tensor
+    y: Tensor
+    box: Any = (0.0, 1.0)
+    target: Tensor | None = None
+    eps: dict[str, float] = field(default_factory=lambda: {"Linf": 0.1, "L2": 0.5})
+
+
+def tiny_net(in_channels: int, outputs: int, ndim: int, dense: bool, seed: int = 0) -> nn.Module:
+    """A tiny conv net for examples: BatchNorm (running statistics must not move under attack), dropout (eval
+    mode must hold) and a smooth activation (saliency attacks differentiate an input gradient again).
+    ``dense``: ``outputs`` channels at every position; else ``outputs`` values per sample."""
+    torch.manual_seed(seed)
+    conv = nn.Conv2d if ndim == 2 else nn.Conv3d
+    bn = nn.BatchNorm2d if ndim == 2 else nn.BatchNorm3d
+    layers: list[nn.Module] = [conv(in_channels, 6, 3, padding=1), bn(6), nn.Softplus(), nn.Dropout(0.2)]
+    if dense:
+        layers.append(conv(6, outputs, 1))
+    else:
+        layers += [nn.AdaptiveAvgPool2d(1) if ndim == 2 else nn.AdaptiveAvgPool3d(1), nn.Flatten(), nn.Linear(6, outputs)]
+    return nn.Sequential(*layers).eval()
+
+
+# --- the registry of task kinds ---------------------------------------------------------------------------------------
+_REGISTRY: dict[str, type[Task]] = {}
+#: every Task subclass defined, registered or not (weakly: a class defined in a test goes away with it)
+_DEFINED: list[weakref.ref[type[Task]]] = []
+T = TypeVar("T", bound=type[Task])
+
+
+def register_task(name: str) -> Callable[[T], T]:
+    """Class decorator: make a :class:`Task` subclass a task kind named ``name`` (lower case).
+
+    The name is the class's :attr:`Task.name`, a config's ``task.type`` and what ``medadv tasks`` lists;
+    ``get_task(name, **kwargs)`` builds it.
+    """
+    key = name.lower()
+
+    def deco(cls: T) -> T:
+        if not (isinstance(cls, type) and issubclass(cls, Task)):
+            raise TypeError(f"register_task({name!r}) decorates Task subclasses, got {cls!r}")
+        if key in _REGISTRY and _REGISTRY[key] is not cls:
+            raise ValueError(f"task kind {name!r} is already registered to {_REGISTRY[key].__name__}")
+        cls.name = key
+        _REGISTRY[key] = cls
+        return cls
+
+    return deco
+
+
+def task_class(name: str) -> type[Task]:
+    """The registered task class for ``name`` (case-insensitive; unknown names get the closest one)."""
+    key = str(name).lower()
+    if key not in _REGISTRY:
+        c = closest(key, _REGISTRY)
+        hint = f" — did you mean {c!r}?" if c else ""
+        raise InvalidParameterError(f"unknown task kind {name!r}{hint} Available: {', '.join(_REGISTRY)}")
+    return _REGISTRY[key]
+
+
+def get_task(name: str, **params: Any) -> Task:
+    """Build a registered task kind by name, e.g. ``get_task("segmentation", num_classes=4)``.
+
+    Unknown parameters are refused with the closest valid name.
+    """
+    cls = task_class(name)
+    accepted = [p for p in inspect.signature(cls.__init__).parameters.values()
+                if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    names = [p.name for p in accepted]
+    for k in params:
+        if k not in names:
+            c = closest(k, names)
+            hint = f" — did you mean `{c}`?" if c else ""
+            raise InvalidParameterError(f"unknown parameter `{k}` for task {cls.name!r}{hint} "
+                                        f"(parameters: {', '.join(names) or 'none'})")
+    return cls(**params)
+
+
+def available_tasks() -> list[str]:
+    """The registered task kinds, in registration order (the built-in ones first)."""
+    return list(_REGISTRY)
+
+
+def registered_task_classes() -> list[type[Task]]:
+    """The registered task classes, in registration order."""
+    return list(_REGISTRY.values())
+
+
+def task_family(task: object) -> str | None:
+    """The registered kind ``task`` is (its nearest registered class along the MRO: a subclass of
+    ``Segmentation`` is ``"segmentation"``), or ``None`` for a task of no registered kind."""
+    for cls in type(task).__mro__:
+        name = getattr(cls, "name", None)
+        if isinstance(name, str) and _REGISTRY.get(name) is cls:
+            return name
+    return None
+
+
+def robust_metric_columns() -> dict[str, str]:
+    """``{robust_metric_name: result column}`` of every registered kind (``accuracy`` → ``correct``): what the
+    column of a robust metric named in a result row (``auto``'s ``attack_metric``) is."""
+    return {cls.robust_metric_name: cls.robust_metric_column for cls in _REGISTRY.values()
+            if cls.robust_metric_column is not None}
+
+
+def _known_classes() -> list[type[Task]]:
+    """The registered kinds, in registration order, then every other Task subclass defined so far (a kind used by
+    dotted path in a config, a user's class passed to ``evaluate()``)."""
+    defined = [c for c in (r() for r in _DEFINED) if c is not None]
+    return list(dict.fromkeys([*_REGISTRY.values(), *defined]))
+
+
+def headline_columns() -> tuple[str, ...]:
+    """The headline per-sample column of every registered kind (without ``clean_``/``adv_``), in registration order,
+    then those of the other Task classes defined: the column a report, a plot or the pytest plugin reads from result
+    rows."""
+    return tuple(dict.fromkeys(cls.headline for cls in _known_classes() if cls.headline is not None))
+
+
+def lower_is_better(column: str) -> bool:
+    """Whether ``column`` is the headline of a kind where lower is better (an error)."""
+    return any(cls.headline == column and not cls.higher_is_better for cls in _known_classes())

@@ -1,0 +1,401 @@
+"""Classification task kinds: :class:`MultiClass` (softmax, one class per sample) and :class:`MultiLabel`
+(independent sigmoids, a 0/1 vector per sample)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .base import (
+    Outcome,
+    Task,
+    TaskExample,
+    _argmax1,
+    _check_finite,
+    _class_margin,
+    _onehot_cosine,
+    register_task,
+    tiny_net,
+)
+
+__all__ = ["MultiClass", "MultiLabel"]
+
+_OUTPUTS = 4  # classes / labels of the examples' classifiers
+
+
+def _index_labels(task: Task, y: Tensor, squeeze_ndim: int) -> Tensor:
+    """Class indices from a loader's labels: a singleton channel (``y.ndim == squeeze_ndim``, dim 1 of size 1) is
+    dropped; integral floats become int64; non-integral values are refused (interpolated label maps)."""
+    if y.ndim == squeeze_ndim and y.ndim >= 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.is_floating_point():
+        if y.numel() and not bool((y == y.round()).all()):
+            raise ValueError(f"`y` of a {type(task).__name__} batch must hold class indices; got non-integer "
+                             "values (interpolated labels? resample label maps with mode='nearest')")
+        y = y.long()
+    return y
+
+
+@register_task("multiclass")
+class MultiClass(Task):
+    """Single-label classification with softmax cross-entropy.
+
+    Labels are class indices ``(N,)``; ``fooled`` means the arg-max left the label (untargeted) or
+    reached the target class (targeted).
+    """
+
+    name = "multiclass"
+    title = "multi-class classification"
+    shapes = "logits (N, K); y (N,) class indices"
+    headline = "correct"
+    robust_metric_column = "correct"
+    robust_metric_binary = True
+    label_source = "index"
+    exclusive_classes = True
+    case_view = "classes"
+    classwise_view = "classes"
+    auto_members = ("apgd-ce", "apgd-t", "fab-t", "square", "apgd-dlr", "fab")
+    auto_versions: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        "standard": {"attacks": ("apgd-ce", "apgd-t", "fab-t", "square"), "steps": 100, "targets": 9,
+                     "queries": 5000},
+        "fast": {"attacks": ("apgd-ce", "apgd-t", "square"), "steps": 20, "targets": 3, "queries": 500},
+    }
+    auto_runner = "pyautoattack"
+
+    def validate_logits(self, logits: Tensor) -> None:
+        if logits.ndim != 2 or logits.shape[1] < 2:
+            raise ValueError(
+                f"model output must be (N, K) logits with K >= 2 for MultiClass, got shape {tuple(logits.shape)}"
+            )
+        _check_finite("model output", logits)
+
+    def validate_labels(self, logits: Tensor, y: Tensor, name: str = "y") -> None:
+        if y.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+            raise TypeError(f"`{name}` must hold integer class indices for MultiClass, got dtype {y.dtype}")
+        if tuple(y.shape) != (logits.shape[0],):
+            raise ValueError(f"`{name}` must have shape ({logits.shape[0]},) for MultiClass, got {tuple(y.shape)}")
+        k = logits.shape[1]
+        if y.numel() and (int(y.min()) < 0 or int(y.max()) >= k):
+            raise ValueError(f"`{name}` has labels out of range [0, {k - 1}]")
+
+    def element_loss(self, logits: Tensor, y: Tensor) -> Tensor:
+        return F.cross_entropy(logits, y.long(), reduction="none")
+
+    def element_margin(self, logits: Tensor, y: Tensor) -> Tensor:
+        """``z_y − max_{j≠y} z_j`` per sample ``(N,)`` (positive: classified as ``y``)."""
+        return _class_margin(logits, y.long())
+
+    def dlr(self, logits: Tensor, y: Tensor) -> Tensor:
+        """Difference of logits ratio (Croce & Hein, ICML 2020), per sample ``(N,)``, sign as :meth:`margin`.
+
+        ``(z_y − max_{j≠y} z_j) / (z_π1 − z_π3 + 1e-12)`` with ``z_π1 ≥ z_π2 ≥ z_π3`` the sorted logits: the
+        margin made invariant to shifting and rescaling the logits. AutoAttack's DLR loss is its negative.
+        Needs K >= 3 classes.
+        """
+        if logits.shape[1] < 3:
+            raise ValueError(f"the DLR loss needs at least 3 classes (z_π3), got {logits.shape[1]}; use the margin")
+        srt = logits.sort(dim=1).values
+        return self.element_margin(logits, y) / (srt[:, -1] - srt[:, -3] + 1e-12)
+
+    def predict(self, logits: Tensor) -> Tensor:
+        return _argmax1(logits)
+
+    def distributions(self, logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        p = logits.softmax(dim=1)
+        return p, F.one_hot(y.long(), logits.shape[1]).to(p.dtype)
+
+    def target_cosine(self, logits: Tensor, y: Tensor) -> Tensor:
+        return _onehot_cosine(logits.softmax(dim=1), y.long())
+
+    def element_correct(self, logits: Tensor, y: Tensor) -> Tensor:
+        return self.predict(logits) == y
+
+    def fooled(self, logits: Tensor, y: Tensor, targeted: bool = False) -> Tensor:
+        return self.decide(logits, y, targeted)[1]
+
+    def decide(self, logits: Tensor, y: Tensor, targeted: bool = False) -> tuple[Tensor, Tensor]:
+        pred = self.predict(logits)
+        hit = pred == y
+        return pred, (hit if targeted else ~hit)
+
+    def metrics(self, logits: Tensor, y: Tensor) -> dict[str, Tensor]:
+        return {"correct": (self.predict(logits) == y).float()}
+
+    def outcome(self, logits: Tensor, y: Tensor, pred: Tensor | None = None) -> Outcome:
+        pred = self.predict(logits) if pred is None else pred
+        correct = pred == y
+        return Outcome(pred, ~correct, {"pred": pred, "correct": correct})
+
+    def sample_columns(self, y: Tensor, clean: Outcome, adv: Outcome) -> dict[str, Tensor]:
+        return {"label": y, **super().sample_columns(y, clean, adv)}
+
+    robust_metric_name = "accuracy"
+
+    def robust_metric(self, logits: Tensor, y: Tensor) -> Tensor:
+        return (self.predict(logits) == y).to(torch.float32)
+
+    # --- hooks (see Task) ----------------------------------------------------------------------------------------------
+    def parse_labels(self, y: Tensor, x: Tensor) -> Tensor:
+        return _index_labels(self, y, 2)
+
+    def case_scores(self, logits: Tensor) -> Tensor | None:
+        return logits.softmax(dim=1)
+
+    def outcome_of_pred(self, pred: Tensor, y: Tensor) -> Outcome | None:
+        correct = pred == y
+        return Outcome(pred, ~correct, {"correct": correct})
+
+    def case_note(self, y: Tensor, clean_pred: Tensor, adv_pred: Tensor) -> str:
+        ok = lambda p: "correct" if int(p) == int(y) else "wrong"  # noqa: E731
+        return f"clean: {ok(clean_pred)} → attacked: {ok(adv_pred)}"
+
+    def sample_group(self, y: Tensor, names: Sequence[Any]) -> Any:
+        return names[int(y)]
+
+    def explained_class(self, y: Tensor, scores: Tensor) -> Tensor:
+        return y.long()
+
+    def flip_goal(self, y: Tensor, label: Tensor, clean_logits: Tensor | None, targeted: bool) -> Tensor | None:
+        if targeted:
+            return y
+        # the runner-up class of the clean output: the nearest other class
+        assert clean_logits is not None, "an untargeted flip of a multi-class output needs the clean logits"
+        return clean_logits.scatter(1, y.long()[:, None], float("-inf")).argmax(dim=1)
+
+    def flip_loss(self, logits: Tensor, y: Tensor, label: Tensor, goal: Tensor | None, targeted: bool) -> Tensor:
+        assert goal is not None
+        return F.cross_entropy(logits, goal.long(), reduction="none")
+
+    @classmethod
+    def config_schema(cls) -> type:
+        from ..config_schema import MultiClassTask
+
+        return MultiClassTask
+
+    @classmethod
+    def examples(cls, seed: int = 0) -> list[TaskExample]:
+        g = torch.Generator().manual_seed(seed)
+        x = torch.rand(3, 1, 8, 8, generator=g)
+        return [TaskExample("multiclass", cls(), tiny_net(1, _OUTPUTS, 2, dense=False, seed=seed), x,
+                            torch.arange(3) % _OUTPUTS, target=torch.zeros(3, dtype=torch.long))]
+
+    def __repr__(self) -> str:
+        return "MultiClass()"
+
+
+@register_task("multilabel")
+class MultiLabel(Task):
+    """Multi-label classification with independent sigmoid outputs and per-label BCE.
+
+    Args:
+        threshold: probability above which a label is predicted present (0 < threshold < 1).
+
+    Labels are multi-hot floats ``(N, L)`` in {0, 1}. Untargeted ``fooled``: any label flipped;
+    targeted: every label equals the target vector.
+    """
+
+    name = "multilabel"
+    title = "multi-label classification"
+    shapes = "logits (N, L); y (N, L) 0/1"
+    headline = "label_accuracy"
+    robust_metric_column = "exact_match"
+    tiebreak_column = "label_accuracy"
+    robust_metric_binary = True
+    label_source = "vector"
+    case_view = "labels"
+    classwise_view = "labels"
+    auto_members = ("apgd-ce", "apgd-margin", "apgd-flip", "square", "apgd-js", "apgd-cospgd", "apgd-segpgd")
+    auto_versions: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        "standard": {"attacks": ("apgd-ce", "apgd-margin", "apgd-flip", "square"), "steps": 100, "targets": 3,
+                     "queries": 1000, "square_loss": "min-margin"},
+        "fast": {"attacks": ("apgd-ce", "apgd-margin", "apgd-flip", "square"), "steps": 20, "targets": 1,
+                 "queries": 500, "square_loss": "min-margin"},
+    }
+
+    def __init__(self, threshold: float = 0.5) -> None:
+        if not 0.0 < float(threshold) < 1.0:
+            raise ValueError(f"`threshold` must be in (0, 1), got {threshold}")
+        self.threshold = float(threshold)
+        self._logit_threshold = float(torch.logit(torch.tensor(self.threshold, dtype=torch.float64)))
+
+    def validate_logits(self, logits: Tensor) -> None:
+        if logits.ndim != 2:
+            raise ValueError(f"model output must be (N, L) logits for MultiLabel, got shape {tuple(logits.shape)}")
+        _check_finite("model output", logits)
+
+    def validate_labels(self, logits: Tensor, y: Tensor, name: str = "y") -> None:
+        if tuple(y.shape) != tuple(logits.shape):
+            raise ValueError(
+                f"`{name}` must be multi-hot with shape {tuple(logits.shape)} for MultiLabel, got {tuple(y.shape)}"
+            )
+        if y.is_floating_point():
+            _check_finite(name, y)
+        if y.dtype == torch.bool:
+            return
+        if y.numel() and not ((y == 0) | (y == 1)).all():
+            raise ValueError(f"`{name}` must contain only 0 and 1 for MultiLabel")
+
+    def element_loss(self, logits: Tensor, y: Tensor) -> Tensor:
+        return F.binary_cross_entropy_with_logits(logits, y.to(logits.dtype), reduction="none")
+
+    def element_margin(self, logits: Tensor, y: Tensor) -> Tensor:
+        """Per label ``(N, L)``: ``(2y − 1)·(z − logit(threshold))``.
+
+        Each label is the Bernoulli pair with logits ``[z, 0]`` (:meth:`log_probs`), so the pair's margin is
+        ``(2y − 1)·z``; it is measured from the decision threshold so that it is positive exactly where the
+        label is predicted correctly (the same as ``(2y − 1)·z`` at the default threshold 0.5).
+        """
+        return (2.0 * y.to(logits.dtype) - 1.0) * (logits - self._logit_threshold)
+
+    def predict(self, logits: Tensor) -> Tensor:
+        return (logits > self._logit_threshold).to(logits.dtype)
+
+    def distributions(self, logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        p = logits.sigmoid()
+        t = y.to(p.dtype)
+        return torch.stack((p, 1 - p), dim=1), torch.stack((t, 1 - t), dim=1)
+
+    def log_probs(self, logits: Tensor) -> Tensor:
+        return torch.stack((F.logsigmoid(logits), F.logsigmoid(-logits)), dim=1)
+
+    def least_likely(self, logits: Tensor) -> Tensor:
+        return 1.0 - self.predict(logits)  # every label flipped
+
+    def target_cosine(self, logits: Tensor, y: Tensor) -> Tensor:
+        p, t = logits.sigmoid(), y.to(logits.dtype)
+        q, u = 1 - p, 1 - t
+        return (p * t + q * u) * ((p * p + q * q) * (t * t + u * u)).rsqrt()
+
+    def element_correct(self, logits: Tensor, y: Tensor) -> Tensor:
+        return self.predict(logits) == y.to(logits.dtype)
+
+    def fooled(self, logits: Tensor, y: Tensor, targeted: bool = False) -> Tensor:
+        return self.decide(logits, y, targeted)[1]
+
+    def decide(self, logits: Tensor, y: Tensor, targeted: bool = False) -> tuple[Tensor, Tensor]:
+        pred = self.predict(logits)
+        same = (pred == y.to(pred.dtype)).all(dim=1)
+        return pred, (same if targeted else ~same)
+
+    def metrics(self, logits: Tensor, y: Tensor) -> dict[str, Tensor]:
+        correct = self.element_correct(logits, y).float()
+        return {"label_accuracy": correct.mean(dim=1), "exact_match": correct.min(dim=1).values}
+
+    def outcome(self, logits: Tensor, y: Tensor, pred: Tensor | None = None) -> Outcome:
+        pred = self.predict(logits) if pred is None else pred
+        correct = pred == y.to(pred.dtype)
+        exact = correct.all(dim=1)
+        return Outcome(pred, ~exact, {"pred": pred, "scores": logits.sigmoid(),
+                                      "label_accuracy": correct.float().mean(dim=1), "exact_match": exact})
+
+    def sample_columns(self, y: Tensor, clean: Outcome, adv: Outcome) -> dict[str, Tensor]:
+        flip_rate = (clean.pred != adv.pred).float().mean(dim=1)
+        return {"label": y, **super().sample_columns(y, clean, adv), "flip_rate": flip_rate}
+
+    robust_metric_name = "exact_match"
+
+    def robust_metric(self, logits: Tensor, y: Tensor) -> Tensor:
+        return self.element_correct(logits, y).all(dim=1).to(torch.float32)
+
+    def to_target(self, y: Tensor, logits: Tensor) -> Tensor:
+        return y.to(logits.dtype)
+
+    def make_target(
+        self,
+        reference: Tensor,
+        present: Sequence[int | str] = (),
+        absent: Sequence[int | str] = (),
+        label_names: Sequence[str] | None = None,
+    ) -> Tensor:
+        """Target vectors for a targeted attack: some labels forced on or off, the rest kept.
+
+        ``task.make_target(task.predict(model(x)), present=["Hernia", "Mass"], label_names=NAMES)``
+        asks the attack to make Hernia and Mass present while every other label keeps its clean
+        prediction.
+
+        Args:
+            reference: ``(N, L)`` 0/1 labels to start from (usually the clean prediction).
+            present: labels (indices, or names when ``label_names`` is given) set to 1.
+            absent: labels set to 0.
+            label_names: the L label names, to allow names in ``present``/``absent``.
+
+        Returns:
+            a new float ``(N, L)`` tensor; ``reference`` is not modified.
+        """
+        if not isinstance(reference, Tensor) or reference.ndim != 2:
+            got = tuple(reference.shape) if isinstance(reference, Tensor) else type(reference).__name__
+            raise ValueError(f"`reference` must be an (N, L) tensor of 0/1 labels, got {got}")
+        num = reference.shape[1]
+        if label_names is not None and len(label_names) != num:
+            raise ValueError(f"`label_names` has {len(label_names)} names for {num} labels")
+
+        def index(v: int | str, arg: str) -> int:
+            if isinstance(v, str):
+                if label_names is None or v not in label_names:
+                    raise ValueError(f"`{arg}` names unknown label {v!r} (pass `label_names` to use names)")
+                return list(label_names).index(v)
+            if not 0 <= int(v) < num:
+                raise ValueError(f"`{arg}` has label index {v} out of range [0, {num - 1}]")
+            return int(v)
+
+        on = [index(v, "present") for v in present]
+        off = [index(v, "absent") for v in absent]
+        if set(on) & set(off):
+            raise ValueError(f"labels {sorted(set(on) & set(off))} are both `present` and `absent`")
+        target = reference.detach().to(torch.float32 if not reference.is_floating_point() else reference.dtype)
+        target = target.clone()
+        target[:, on] = 1.0
+        target[:, off] = 0.0
+        return target
+
+    # --- hooks (see Task) ----------------------------------------------------------------------------------------------
+    def case_scores(self, logits: Tensor) -> Tensor | None:
+        return logits.sigmoid()
+
+    def outcome_of_pred(self, pred: Tensor, y: Tensor) -> Outcome | None:
+        correct = pred == y.to(pred.dtype)
+        exact = correct.all(dim=1)
+        return Outcome(pred, ~exact, {"label_accuracy": correct.float().mean(dim=1), "exact_match": exact})
+
+    def case_note(self, y: Tensor, clean_pred: Tensor, adv_pred: Tensor) -> str:
+        acc = lambda p: float((p == y.to(p.dtype)).double().mean())  # noqa: E731
+        return f"label accuracy {acc(clean_pred):.2f} → {acc(adv_pred):.2f}"
+
+    def sample_group(self, y: Tensor, names: Sequence[Any]) -> Any:
+        return "+".join(str(names[j]) for j in range(y.shape[0]) if y[j] > 0.5) or "none"
+
+    flip_targeted = False  # the flip changes the one chosen label
+
+    def flip_goal(self, y: Tensor, label: Tensor, clean_logits: Tensor | None, targeted: bool) -> Tensor | None:
+        return 1.0 - y.gather(1, label[:, None])[:, 0]  # the chosen label, the other way
+
+    def flip_loss(self, logits: Tensor, y: Tensor, label: Tensor, goal: Tensor | None, targeted: bool) -> Tensor:
+        assert goal is not None
+        z = logits.gather(1, label[:, None])[:, 0]
+        return F.binary_cross_entropy_with_logits(z, goal.to(z.dtype), reduction="none")
+
+    def flipped(self, logits: Tensor, y: Tensor, label: Tensor, goal: Tensor | None, targeted: bool) -> Tensor:
+        assert goal is not None
+        pred = self.predict(logits).gather(1, label[:, None])[:, 0]
+        return pred == goal.to(pred.dtype)
+
+    @classmethod
+    def config_schema(cls) -> type:
+        from ..config_schema import MultiLabelTask
+
+        return MultiLabelTask
+
+    @classmethod
+    def examples(cls, seed: int = 0) -> list[TaskExample]:
+        g = torch.Generator().manual_seed(seed)
+        x = torch.rand(3, 1, 8, 8, generator=g)
+        y = torch.randint(0, 2, (3, _OUTPUTS), generator=g).float()
+        return [TaskExample("multilabel", cls(), tiny_net(1, _OUTPUTS, 2, dense=False, seed=seed), x, y,
+                            target=torch.zeros(3, _OUTPUTS))]
+
+    def __repr__(self) -> str:
+        return f"MultiLabel(threshold={self.threshold})"
