@@ -50,7 +50,7 @@ MARKERS = "osD^vP*Xh<>"
 _METRIC_NAMES = {"correct": "accuracy", "mean_dice": "mean Dice", "label_accuracy": "label accuracy",
                  "exact_match": "exact match", "dice": "Dice", "macro_auc": "macro AUC",
                  "pixel_accuracy": "pixel accuracy", "hd95": "HD95", "miou": "mIoU",
-                 "worst-of": "mean of Dice, pixel accuracy and mIoU"}
+                 "worst-of": "worst-of score (the average of Dice, pixel accuracy and mIoU)"}
 
 
 @runtime_checkable
