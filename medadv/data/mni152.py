@@ -74,6 +74,30 @@ def load_tissue_map(spacing_mm: int = 2) -> tuple[Tensor, Tensor]:
     return torch.from_numpy(t1.copy()), torch.from_numpy(lab.copy())
 
 
+def sample_crops(n: int, size: int, spacing_mm: int, split: str, seed: int
+                 ) -> tuple[Tensor, Tensor, list[tuple[list[int], Tensor]]]:
+    """The T1 volume, its tissue labels and ``n`` seeded crop positions: per crop the start index of a ``size``³
+    cube on each axis (inside the split's hemisphere along axis 0) and the brain voxel it is centred on."""
+    if split not in ("train", "test", "all"):
+        raise ValueError(f"`split` must be 'train', 'test' or 'all', got {split!r}")
+    vol, lab = load_tissue_map(spacing_mm)
+    d = vol.shape[0]
+    lo, hi = {"train": (0, d // 2), "test": (d // 2, d), "all": (0, d)}[split]
+    if hi - lo < size or min(vol.shape[1:]) < size:
+        raise ValueError(f"`size`={size} does not fit the {split} region of a {tuple(vol.shape)} volume")
+    gen = torch.Generator().manual_seed(seed)
+    brain = (lab > 0).nonzero()
+    half = size // 2
+    crops = []
+    for _ in range(n):
+        c = brain[torch.randint(len(brain), (1,), generator=gen)].squeeze(0)
+        starts = [min(max(int(c[0]) - half, lo), hi - size),
+                  min(max(int(c[1]) - half, 0), vol.shape[1] - size),
+                  min(max(int(c[2]) - half, 0), vol.shape[2] - size)]
+        crops.append((starts, c))
+    return vol, lab, crops
+
+
 def tissue_patches(
     n: int,
     size: int = 32,
@@ -92,26 +116,11 @@ def tissue_patches(
         split: ``"train"`` (left hemisphere), ``"test"`` (right hemisphere) or ``"all"``.
         seed: seed of the crop positions.
     """
-    if split not in ("train", "test", "all"):
-        raise ValueError(f"`split` must be 'train', 'test' or 'all', got {split!r}")
     if n < 1:
         raise ValueError(f"`n` must be >= 1, got {n}")
-    vol, lab = load_tissue_map(spacing_mm)
-    D = vol.shape[0]
-    lo, hi = {"train": (0, D // 2), "test": (D // 2, D), "all": (0, D)}[split]
-    if hi - lo < size or min(vol.shape[1:]) < size:
-        raise ValueError(f"`size`={size} does not fit the {split} region of a {tuple(vol.shape)} volume")
-    gen = torch.Generator().manual_seed(seed)
-    brain = (lab > 0).nonzero()
+    vol, lab, crops = sample_crops(n, size, spacing_mm, split, seed)
     xs, ys = [], []
-    half = size // 2
-    for _ in range(n):
-        c = brain[torch.randint(len(brain), (1,), generator=gen)].squeeze(0)
-        starts = [
-            int(min(max(int(c[0]) - half, lo), hi - size)),
-            int(min(max(int(c[1]) - half, 0), vol.shape[1] - size)),
-            int(min(max(int(c[2]) - half, 0), vol.shape[2] - size)),
-        ]
+    for starts, _ in crops:
         sl = tuple(slice(s, s + size) for s in starts)
         xs.append(vol[sl])
         ys.append(lab[sl])

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .mni152 import load_tissue_map
+from .mni152 import sample_crops
 
 __all__ = ["TISSUE_FRACTIONS", "tissue_fractions"]
 
@@ -49,27 +49,14 @@ def tissue_fractions(
         ndim: 2 (axial 2-D crops) or 3 (cubic crops).
         seed: seed of the crop positions.
     """
-    if split not in ("train", "test", "all"):
-        raise ValueError(f"`split` must be 'train', 'test' or 'all', got {split!r}")
     if ndim not in (2, 3):
         raise ValueError(f"`ndim` must be 2 or 3, got {ndim!r}")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"`n` must be an integer >= 1, got {n!r}")
-    vol, lab = load_tissue_map(spacing_mm)
-    d = vol.shape[0]
-    lo, hi = {"train": (0, d // 2), "test": (d // 2, d), "all": (0, d)}[split]
-    if hi - lo < size or min(vol.shape[1:]) < size:
-        raise ValueError(f"`size`={size} does not fit the {split} region of a {tuple(vol.shape)} volume")
-    gen = torch.Generator().manual_seed(seed)
-    brain = (lab > 0).nonzero()
-    half = size // 2
+    vol, lab, crops = sample_crops(n, size, spacing_mm, split, seed)
     xs, ys = [], []
-    for _ in range(n):
-        c = brain[torch.randint(len(brain), (1,), generator=gen)].squeeze(0)
-        s0 = min(max(int(c[0]) - half, lo), hi - size)
-        s1 = min(max(int(c[1]) - half, 0), vol.shape[1] - size)
+    for (s0, s1, s2), c in crops:
         if ndim == 3:
-            s2 = min(max(int(c[2]) - half, 0), vol.shape[2] - size)
             sl: tuple[slice | int, ...] = (slice(s0, s0 + size), slice(s1, s1 + size), slice(s2, s2 + size))
         else:  # the axial slice through the centre
             sl = (slice(s0, s0 + size), slice(s1, s1 + size), int(c[2]))
