@@ -284,8 +284,9 @@ class _HookMeta(type):
         caller = sys._getframe(1)
         if caller.f_code is _IS_VALID_CODE:
             estimator = caller.f_locals.get("estimator")
-            if isinstance(estimator, _Guarded):
-                estimator._guard(caller.f_back)
+            guard = getattr(estimator, "_guard", None)  # medadv's estimators (this module's and the regressor)
+            if callable(guard):
+                guard(caller.f_back)
         return mro
 
 

@@ -19,7 +19,6 @@ classifiers and segmenters. Inputs and ``clip_values`` are in the data's own uni
 from __future__ import annotations
 
 import sys
-from abc import ABCMeta
 from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any
@@ -31,7 +30,7 @@ from torch import Tensor, nn
 
 from medadv.tasks import Task
 
-from .art import _IS_VALID_CODE, _art_callers, _device_type, _float32, _preserved
+from .art import _art_callers, _device_type, _EstimatorMeta, _float32, _preserved
 from .support import UnsupportedAttackError
 
 __all__ = ["ARTRegressor", "REGRESSION_SUPPORT", "RegressionLoss"]
@@ -79,22 +78,7 @@ class RegressionLoss(nn.Module):
         return per.sum() if self.reduction == "sum" else per.mean()
 
 
-class _RegressorMeta(ABCMeta):
-    """Answers ``type(estimator).__mro__`` as Python does, and checks the calling ART attack when ART's
-    ``Attack.is_estimator_valid`` is the one asking (every ART attack constructor calls it, before any work)."""
-
-    @property
-    def __mro__(cls) -> tuple[type, ...]:  # type: ignore[override]
-        mro = type.__dict__["__mro__"].__get__(cls)
-        caller = sys._getframe(1)
-        if caller.f_code is _IS_VALID_CODE:
-            estimator = caller.f_locals.get("estimator")
-            if isinstance(estimator, ARTRegressor):
-                estimator._guard(caller.f_back)
-        return mro
-
-
-class ARTRegressor(PyTorchRegressor, metaclass=_RegressorMeta):
+class ARTRegressor(PyTorchRegressor, metaclass=_EstimatorMeta):
     """ART ``PyTorchRegressor`` for a medadv regression task: ART's FGSM / PGD / BIM run on it, nothing else.
 
     Args:
