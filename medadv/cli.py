@@ -9,6 +9,7 @@ resumed; one holding results of another config or other data stops the run with 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -212,18 +213,21 @@ def _check_output_writable(out: Path) -> None:
 
 
 def _run_studies(cfg: dict[str, Any], model: Any, task: Any, data: Any, attacks: Any, target_fn: Any,
-                 out: Path) -> list[Any]:
+                 out: Path, allow_code: bool) -> list[Any]:
     """The config's ``studies:`` (rank 0 only), each saved as ``study_<i>_<name>.json`` beside the results."""
     if not cfg.get("studies"):
         return []
+    from .config import study_models
     from .studies import run_study
+
+    models = study_models(cfg, model, cfg["_dir"], allow_code=allow_code, task=task)
 
     done = []
     for i, spec in enumerate(cfg["studies"]):
         name = spec["study"]
         print(f"study {name} ...", file=sys.stderr)
         options = {k: v for k, v in spec.items() if k != "study"}
-        result = run_study(name, options, model, task, data, attacks, target_fn=target_fn)
+        result = run_study(name, options, models, task, data, attacks, target_fn=target_fn)
         result.to_json(out / f"study_{i}_{name}.json")
         done.append(result)
     return done
@@ -239,7 +243,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         build_attacks,
         build_loader,
         build_model,
-        build_target_fn,
+        build_target_fns,
         build_task,
         check_data,
         check_model,
@@ -260,9 +264,10 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     attacks = build_attacks(cfg, task)
     # config mistakes cost nothing: the target, the model's name and code, the data files and transforms are
     # checked before any user code runs, any model is built or any image read
-    target_fn = build_target_fn(cfg["target"], task, allow_code=allow_code)
-    check_targets(attacks, cfg["target"])
-    check_model(cfg["model"], base, allow_code=allow_code)
+    target_fn = build_target_fns(cfg, task, attacks, allow_code=allow_code)
+    check_targets(attacks, cfg["target"], target_fn if isinstance(target_fn, dict) else None)
+    for spec in [cfg["model"], *(cfg["models"] or {}).values()]:
+        check_model(spec, base, allow_code=allow_code)
     check_data(cfg["data"], base, task)
     names = class_names(cfg)
     out = Path(args.output or cfg["output"])
@@ -274,7 +279,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     try:
         action = _check_output(out, fingerprint, args.overwrite)  # every rank decides before rank 0 acts
         torch.manual_seed(cfg["seed"])  # before the model is built: its random parts follow the config's seed
-        model = wrap_inference(build_model(cfg["model"], base, allow_code=allow_code), cfg["inference"])
+        model = wrap_inference(build_model(cfg["model"], base, allow_code=allow_code, task=task), cfg["inference"])
         model = model.to(distributed.device())
         data = build_loader(cfg["data"], base, batch_size=cfg["batch_size"], task=task, seed=cfg["seed"])
         if action == "adopt":  # logs without run.json: resumed if every row is this config's (every rank decides)
@@ -304,12 +309,14 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             res.to_json(out / "results.json")
             res.to_csv(out / "results.csv")
             report = write_report(res, out)
-            studies = _run_studies(cfg, model, task, data, attacks, target_fn, out)
+            studies = _run_studies(cfg, model, task, data, attacks, target_fn, out, allow_code)
             # the most-damaged samples of each attack, attacked again under evaluate's per-batch seed to draw them
             cases = worst_cases(model, task, data, attacks, res, k=cfg["cases"], seed=cfg["seed"],
                                 target_fn=target_fn, class_names=names) if cfg["cases"] else []
+            report_cfg = cfg.get("report") or {}
             html = write_html_report(res, out, studies=studies, cases=cases, class_names=names,
-                                     title=f"medadv: {Path(args.config).name}")
+                                     title=report_cfg.get("title") or f"medadv: {Path(args.config).name}",
+                                     results_title=report_cfg.get("results"))
             print(res.format_summary())
             print(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}, {report}, {html}")
         distributed.barrier()
@@ -329,6 +336,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from .config import (
         ConfigError,
         build_attacks,
+        build_target_fns,
         build_task,
         check_data,
         check_model,
@@ -354,9 +362,14 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     if task is not None:
         attacks = attempt(lambda: build_attacks(cfg, task))
         attempt(lambda: check_target(cfg["target"], task, allow_code=allow_code))
+        own = [e["target"] for e in cfg["attacks"] if isinstance(e, dict) and e.get("target")]
+        for spec in own:
+            attempt(functools.partial(check_target, spec, task, allow_code=allow_code))
         if attacks is not None:
-            attempt(lambda: check_targets(attacks, cfg["target"]))
-    attempt(lambda: check_model(cfg["model"], cfg["_dir"], allow_code=allow_code))
+            fns = attempt(lambda: build_target_fns(cfg, task, attacks, allow_code=allow_code)) if own else None
+            attempt(lambda: check_targets(attacks, cfg["target"], fns if isinstance(fns, dict) else None))
+    for spec in [cfg["model"], *(cfg["models"] or {}).values()]:
+        attempt(functools.partial(check_model, spec, cfg["_dir"], allow_code=allow_code))
     attempt(lambda: check_data(cfg["data"], cfg["_dir"], task))
     attempt(lambda: class_names(cfg))
     out = Path(cfg["output"]) if Path(cfg["output"]).is_absolute() else Path(cfg["_dir"]) / cfg["output"]

@@ -119,7 +119,7 @@ from .threats import L2, Box, LargeBudgetWarning, Linf, Threat
 
 __all__ = ["ConfigError", "CodeNotAllowedError", "RandomWeightsWarning", "TRUSTED_PACKAGES", "load_config", "build_model",
            "check_model", "model_name", "build_task", "build_data", "build_loader", "check_data", "data_identity",
-           "wrap_inference", "config_fingerprint", "build_attacks", "build_target_fn", "check_target",
+           "wrap_inference", "config_fingerprint", "build_attacks", "build_target_fn", "build_target_fns", "check_target",
            "check_targets", "class_names"]
 
 #: packages whose functions a config may name without ``allow_code``
@@ -219,14 +219,34 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
         # absent) must stay absent, not become an explicit null
         cfg["studies"] = [spec.model_dump(exclude_unset=True) for spec in validate_studies(cfg["studies"])]
         several = [s["study"] for s in cfg["studies"] if s["study"] in ("transfer", "models")]
-        if several:
-            raise ConfigError([f"`studies`: {', '.join(map(repr, several))} compare several models, and a config "
-                               "names one: call medadv.studies.transfer / medadv.studies.models from Python with "
-                               "a {name: model} mapping"])
+        if several and not cfg["models"]:
+            raise ConfigError([f"`studies`: {', '.join(map(repr, several))} compare several models, and the config "
+                               "names one: add `models: {name: {monai: ..., ...}}` (more networks by name)"])
     cfg["_dir"] = str(p.parent.resolve())
-    if cfg["model"]["seed"] is None:  # the model's random initial weights follow the config's seed
-        cfg["model"]["seed"] = cfg["seed"]
+    for m in [cfg["model"], *(cfg["models"] or {}).values()]:
+        if m["seed"] is None:  # the model's random initial weights follow the config's seed
+            m["seed"] = cfg["seed"]
+    if cfg["models"] and study_model_name(cfg["model"]) in cfg["models"]:
+        raise ConfigError([f"`models` has a model named {study_model_name(cfg['model'])!r}, the name of `model`: "
+                           "give `model.name` (or rename the entry)"])
     return cfg
+
+
+def study_model_name(spec: Mapping[str, Any]) -> str:
+    """The name the studies know the config's ``model`` by: ``model.name``, else ``model``."""
+    return str(spec.get("name") or "model")
+
+
+def study_models(cfg: Mapping[str, Any], model: nn.Module, base_dir: str | None = None, *, allow_code: bool = True,
+                 task: Task | None = None) -> dict[str, nn.Module]:
+    """``{name: model}`` for the studies: the evaluated model first, then every entry of ``models`` built (and
+    trained, for entries with ``train``) on the evaluated model's device."""
+    out = {study_model_name(cfg["model"]): model}
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    for name, spec in (cfg.get("models") or {}).items():
+        out[name] = wrap_inference(build_model(spec, base_dir, allow_code=allow_code, task=task),
+                                   cfg.get("inference")).to(device)
+    return out
 
 
 def _check_call(fn: Callable[..., Any], kwargs: Mapping[str, Any], where: str, skip: tuple[str, ...] = ()) -> None:
@@ -366,6 +386,8 @@ def check_model(spec: Mapping[str, Any], base_dir: str | None = None, *, allow_c
     conf: ModelSection = validate_section(ModelSection, spec, ("model",))
     _network(conf, base_dir, load=False, allow_code=allow_code)
     _checkpoint(conf, base_dir)
+    if conf.train is not None:
+        _data_loader(conf.train.data.model_dump(), base_dir)
 
 
 def _checkpoint(conf: ModelSection, base_dir: str | None) -> Path | None:
@@ -375,7 +397,7 @@ def _checkpoint(conf: ModelSection, base_dir: str | None) -> Path | None:
 
 
 def build_model(spec: Mapping[str, Any], base_dir: str | None = None, *, seed: int | None = None,
-                allow_code: bool = True) -> nn.Module:
+                allow_code: bool = True, task: Task | None = None) -> nn.Module:
     """The configured network in eval mode, with the checkpoint's weights when one is given.
 
     The network is built with torch's CPU random generator seeded with ``seed`` (else ``model.seed``, which
@@ -388,6 +410,9 @@ def build_model(spec: Mapping[str, Any], base_dir: str | None = None, *, seed: i
     refuses builders outside medadv, MONAI and torchvision and Python files outside ``base_dir``
     (:class:`CodeNotAllowedError`) before anything runs. From Python it defaults to true: the caller is
     running code already.
+
+    With ``model.train`` the network is then fitted to that data with ``task``'s loss (required then), or its
+    trained weights are loaded from medadv's cache (:func:`trained_weights`).
     """
     from .models.io import load_checkpoint
     from .offline import no_network
@@ -402,12 +427,49 @@ def build_model(spec: Mapping[str, Any], base_dir: str | None = None, *, seed: i
         model = make()
     if path is not None:
         load_checkpoint(path, model, strip_prefix=conf.strip_prefix, where="`model.checkpoint`")
-    elif conf.torchscript is None:
+    if conf.train is not None:
+        if task is None:
+            raise ValueError("`model.train` needs the task whose loss it minimises: pass `task=`")
+        trained_weights(model, conf, task, base_dir, seed)
+    elif path is None and conf.torchscript is None:
         kind, name = conf.network()
         warnings.warn(f"model {kind} {name!r} has no `checkpoint`: its weights are random, drawn with seed {seed} "
                       "(the same every run); give `model.checkpoint` to evaluate trained weights",
                       RandomWeightsWarning, stacklevel=2)
     return model.eval()
+
+
+def trained_weights(model: nn.Module, conf: ModelSection, task: Task, base_dir: str | None, seed: int) -> Path:
+    """Fit ``model`` in place as ``conf.train`` says, or load the weights a previous run cached; returns the file.
+
+    The cache key hashes the network section (without ``train``/``name``), the task, the ``train`` section, the
+    initial-weights seed and the checkpoint file's bytes, so a change to any of them trains anew."""
+    import hashlib
+    import json
+
+    from .data.save import safe_name
+    from .models.io import cache_dir, load_checkpoint, save_checkpoint
+    from .training.supervised import fit_supervised
+
+    tr = conf.train
+    assert tr is not None
+    net = conf.model_dump(exclude={"train", "name"})
+    ckpt = _checkpoint(conf, base_dir)
+    key = json.dumps({"net": net, "task": repr(task), "train": tr.model_dump(mode="json"), "seed": seed,
+                      "checkpoint": hashlib.sha256(ckpt.read_bytes()).hexdigest() if ckpt else None},
+                     sort_keys=True, default=str)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:20]
+    kind, name = conf.network()
+    path = cache_dir("trained") / f"{safe_name(Path(name).name)}-{digest}.pt"
+    if tr.cache and path.is_file():
+        load_checkpoint(path, model, where=f"the cached weights {path}")
+        return path
+    x, y = build_data(tr.data.model_dump(), base_dir)
+    x, y = x.to(next((p.device for p in model.parameters()), x.device)), y.to(x.device)
+    fit_supervised(model, task, x, y, epochs=tr.epochs, batch_size=tr.batch_size, lr=tr.lr, seed=tr.seed)
+    if tr.cache:
+        save_checkpoint(path, model, key=key)
+    return path
 
 
 def _task_from_code(spec: str, allow_code: bool) -> type[Task]:
@@ -533,9 +595,14 @@ def _data_loader(spec: Mapping[str, Any], base_dir: str | None) -> Callable[[], 
                                + (f"; did you mean {c!r}?" if c else "")])
         fn = getattr(synthetic, kind)
     else:
-        from .data.mni152 import tissue_patches
+        from .data import mni152
 
-        fn = tissue_patches
+        kind = kw.pop("kind", "patches")
+        if kind not in mni152.KINDS:
+            c = closest(str(kind), list(mni152.KINDS))
+            raise ConfigError([f"`data.kwargs.kind` must be one of {', '.join(map(repr, mni152.KINDS))}; got {kind!r}"
+                               + (f"; did you mean {c!r}?" if c else "")])
+        fn = mni152.KINDS[kind]
     _check_call(fn, kw, "data.kwargs", skip=("n",))
     n = conf.n
     return lambda: fn(n=n, **kw)
@@ -692,7 +759,7 @@ def build_attacks(cfg: Mapping[str, Any], task: Task) -> dict[str, Attack]:
         if cls.threat_kind == "box":
             made = {label: box}
         else:
-            budgets = plan.budget_list()
+            budgets = list(entry.budgets) if entry.budgets is not None else plan.budget_list()
             if budgets is None:
                 raise ConfigError([f"`attacks` entry {label!r} needs an ε: give `budgets: [...]` (or `threat.eps`) "
                                    "in data units, e.g. budgets: [8/255]"])
@@ -725,6 +792,11 @@ def build_target_fn(spec: str | None, task: Task, *, allow_code: bool = True) ->
       multi-class: class 0; multi-label: no label);
     * ``least_likely``: the clean prediction's least-likely class (per voxel for segmentation, the
       flipped prediction of every label for multi-label);
+    * ``dag_b``, ``dag_c`` (segmentation): Paschali et al.'s DAG targets from the true label map: type B
+      (:func:`~medadv.attacks.dag.dag_target_b`: 5 % of the foreground voxels to one other foreground class,
+      drawn with a generator seeded per call, so every run draws the same) and type C
+      (:func:`~medadv.attacks.dag.dag_target_c`: class 1 grown by 6 steps of the cross element over the other
+      foreground classes); type A is ``background``;
     * ``package.module:function``: your own ``function(x, y, clean_logits) -> target`` (outside medadv,
       MONAI and torchvision only with ``allow_code``).
     """
@@ -747,9 +819,53 @@ def build_target_fn(spec: str | None, task: Task, *, allow_code: bool = True) ->
             return task.least_likely(logits).to(y.dtype)
 
         return _named(least_likely, "target:least_likely")
-    c = closest(kind, ("background", "least_likely"))
+    if kind in ("dag_b", "dag_c"):
+        if not task.spatial_labels:
+            raise ValueError(f"`target: {kind}` is a DAG target (Paschali et al.) made from a label map: it needs a "
+                             f"segmentation task, got {task!r}; use background or least_likely")
+        from .attacks.dag import dag_target_b, dag_target_c
+
+        if kind == "dag_b":
+            def dag_b(x: Tensor, y: Tensor, logits: Tensor) -> Tensor:
+                return dag_target_b(y, generator=torch.Generator().manual_seed(0))[0]
+
+            return _named(dag_b, "target:dag_b")
+
+        def dag_c(x: Tensor, y: Tensor, logits: Tensor) -> Tensor:
+            return dag_target_c(y, cls=1)[0]
+
+        return _named(dag_c, "target:dag_c")
+    c = closest(kind, TARGET_KINDS)
     hint = f"; did you mean {c!r}?" if c else ""
-    raise ValueError(f"`target` must be background, least_likely or 'package.module:function', got {spec!r}{hint}")
+    raise ValueError(f"`target` must be one of {', '.join(TARGET_KINDS)} or 'package.module:function', got "
+                     f"{spec!r}{hint}")
+
+
+#: the built-in ``target`` kinds (:func:`build_target_fn`)
+TARGET_KINDS = ("background", "least_likely", "dag_b", "dag_c")
+
+
+def build_target_fns(cfg: Mapping[str, Any], task: Task, attacks: Mapping[str, Attack], *,
+                     allow_code: bool = True) -> TargetFn | dict[str, TargetFn] | None:
+    """The config's ``target`` function, or ``{attack name: fn}`` when an ``attacks`` entry gives its own
+    ``target`` (the others keep the config's). What :func:`medadv.evaluate` takes as ``target_fn``."""
+    plan: AttackPlan = validate_section(AttackPlan, cfg)
+    default = build_target_fn(cfg.get("target"), task, allow_code=allow_code)
+    own = {}
+    for entry in plan.attacks:
+        if entry.target is None:
+            continue
+        cls = attack_class(entry.name)
+        label, _ = entry.entry_name(cls.param_names(), cls.name)
+        own[label] = build_target_fn(entry.target, task, allow_code=allow_code)
+    if not own:
+        return default
+    out: dict[str, TargetFn] = {}
+    for key in attacks:
+        fn = own.get(key.split("@")[0] if key not in own else key, default)
+        if fn is not None:
+            out[key] = fn
+    return out
 
 
 
@@ -762,9 +878,11 @@ def check_target(spec: str | None, task: Task, *, allow_code: bool = True) -> No
         build_target_fn(spec, task)
 
 
-def check_targets(attacks: Mapping[str, Attack], target: str | None) -> None:
-    """Targeted attacks need a ``target`` in the config."""
-    targeted = [k for k, a in attacks.items() if a.targeted or a.always_targeted]
+def check_targets(attacks: Mapping[str, Attack], target: str | None,
+                  own: Mapping[str, Any] | None = None) -> None:
+    """Targeted attacks need a ``target`` in the config (or their entry's own, ``own``: a :func:`build_target_fns`
+    mapping)."""
+    targeted = [k for k, a in attacks.items() if (a.targeted or a.always_targeted) and not (own and k in own)]
     if targeted and target is None:
         raise ConfigError([f"attack(s) {', '.join(targeted)} are targeted; give "
                            "`target: background | least_likely | package.module:function` in the config"])

@@ -38,7 +38,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from .params import InvalidParameterError, closest
 
-__all__ = ["ConfigError", "Config", "AttackPlan", "AttackEntry", "ModelSection", "MODEL_KINDS", "TaskSection", "DataSection",
+__all__ = ["ConfigError", "Config", "AttackPlan", "AttackEntry", "ModelSection", "TrainSection", "ReportSection", "MODEL_KINDS", "TaskSection", "DataSection",
            "DATA_SOURCES", "FILE_SOURCES", "TransformEntry", "FilesData", "DatalistData", "CsvData", "InferenceSection",
            "ThreatSection", "MAX_BUDGET_FRACTION", "parse_budget", "validate_config", "validate_section", "format_errors"]
 
@@ -181,6 +181,8 @@ class ModelSection(_Section):
     checkpoint: str | None = Field(None, min_length=1)
     strip_prefix: str | None = Field(None, min_length=1)
     seed: Int | None = None
+    name: str | None = Field(None, min_length=1)  # the model's name in reports and studies
+    train: TrainSection | None = None  # train (or fine-tune) the network on data before it is evaluated
 
     @model_validator(mode="after")
     def _one_network(self) -> ModelSection:
@@ -411,6 +413,10 @@ class AttackEntry(BaseModel):
     name: str = Field(min_length=1)
     id: str | None = Field(default=None, min_length=1)
     label: Any = None
+    # this entry's budgets instead of the config's (a paper's "PGD ε=2/255 with 1 step, ε=4/255 with 4")
+    budgets: Annotated[list[Budget], Field(min_length=1)] | None = None
+    # this entry's target instead of the config's (DAG type A, B and C side by side)
+    target: str | None = Field(None, min_length=1)
 
     @model_validator(mode="before")
     @classmethod
@@ -555,6 +561,33 @@ DataSection = Annotated[
     _tag("source", "npz"),
     _normalise("source", DATA_SOURCES, {}),
 ]
+
+
+class TrainSection(_Section):
+    """``model.train``: fit the network to built-in data (``mni152``, ``synthetic``, ``npz``) with the config's task
+    loss and Adam before anything is evaluated (after ``checkpoint``, so a checkpoint is fine-tuned). The weights are
+    cached in medadv's cache folder under a hash of the network, the task, this section and the seed: a second run
+    loads them."""
+
+    data: DataSection
+    epochs: Int = Field(10, ge=1)
+    lr: Number = Field(1e-2, gt=0.0)
+    batch_size: Int = Field(16, ge=1)
+    seed: Int = 0
+    cache: Bool = True
+
+    @field_validator("data")
+    @classmethod
+    def _tensor_source(cls, data: Any) -> Any:
+        if data.source in FILE_SOURCES:
+            raise PydanticCustomError("train_data", "must be a built-in source (mni152, synthetic "
+                                      "or npz): the training set is held in memory; got source {source!r}",
+                                      {"source": data.source})
+        return data
+
+
+ModelSection.model_rebuild()
+
 _TAGS = set(TASK_TYPES) | set(DATA_SOURCES) | {"custom"}
 _BRANCHES = {"float", "int", "str", "bool", "nullable", "constrained-float", "constrained-int"}  # union branch names pydantic puts in error locations
 
@@ -571,6 +604,8 @@ class AttackPlan(BaseModel):
     @model_validator(mode="after")
     def _budget_scale(self) -> AttackPlan:
         _check_budget_scale(self.threat, self.budgets, self.allow_large_budgets)
+        for entry in self.attacks:
+            _check_budget_scale(self.threat, entry.budgets, self.allow_large_budgets)
         return self
 
     def budget_list(self) -> list[float] | None:
@@ -578,6 +613,14 @@ class AttackPlan(BaseModel):
         if self.budgets is not None:
             return list(self.budgets)
         return None if self.threat.eps is None else [self.threat.eps]
+
+
+class ReportSection(_Section):
+    """``report``: the HTML report's ``title`` and the heading of the evaluation's tables (``results``, e.g. a
+    paper's "Table 1: white-box attacks"); each study's heading is its own ``title:``."""
+
+    title: str | None = Field(None, min_length=1)
+    results: str | None = Field(None, min_length=1)
 
 
 class Config(_Section):
@@ -602,12 +645,18 @@ class Config(_Section):
     allow_large_budgets: Bool = False  # L∞ budgets above half the data range (see MAX_BUDGET_FRACTION)
     # the papers' studies (medadv.studies), each entry checked by its study's own schema in load_config
     studies: Annotated[list[Any], Field(min_length=1)] | None = None
+    # more networks, by name, for the studies that compare models (transfer, models, ...): the studies see
+    # {model's name: model, **models}
+    models: dict[str, ModelSection] | None = None
+    report: ReportSection | None = None
 
     budget_list = AttackPlan.budget_list
 
     @model_validator(mode="after")
     def _budget_scale(self) -> Config:
         _check_budget_scale(self.threat, self.budgets, self.allow_large_budgets)
+        for entry in self.attacks:
+            _check_budget_scale(self.threat, entry.budgets, self.allow_large_budgets)
         return self
 
 

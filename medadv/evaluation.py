@@ -26,12 +26,14 @@ from . import distributed as dist
 from .attacks.base import Attack, AttackDetails, attack_mode, check_input, model_device
 from .params import object_settings, stable_hash
 from .results import DETAIL_PREFIX, Results
-from .runtime import all_finite, forward_tensor
+from .runtime import all_finite, forward_tensor, target_for
 from .tasks import Outcome, Task
 
 __all__ = ["evaluate", "sample_rows", "detail_rows"]
 
 TargetFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+#: one target function for every targeted attack, or ``{attack name: fn}`` (a config's per-entry ``target``)
+TargetFns = TargetFn | Mapping[str, TargetFn]
 
 
 def _named_attacks(attacks: Attack | Sequence[Attack] | Mapping[str, Attack]) -> list[tuple[str, Attack]]:
@@ -658,7 +660,7 @@ def evaluate(
     attacks: Attack | Sequence[Attack] | Mapping[str, Attack],
     *,
     log: str | os.PathLike | None = None,
-    target_fn: TargetFn | None = None,
+    target_fn: TargetFns | None = None,
     hd95: bool = False,
     spacing: float | Sequence[float] | None = None,
     progress: bool = False,
@@ -694,7 +696,8 @@ def evaluate(
             attacks not requested are ignored. The per-rank logs of a distributed run
             (``log.rank{r}.jsonl`` beside it) are read too, whatever the number of processes that wrote them.
         target_fn: for targeted attacks (``targeted=True`` or targeted by nature, like DAG),
-            ``target_fn(x, y, clean_logits) -> target``; required when any attack is targeted.
+            ``target_fn(x, y, clean_logits) -> target``, or ``{attack name: target_fn}`` (attacks with targets of
+            their own); required for every targeted attack.
         hd95: also compute per-class HD95 for segmentation (MONAI's definition, batched on the model's device by
             :func:`medadv.metrics.surface.surface_distance_per_class`; the clean HD95 once per batch). A task
             without label maps and classes is refused before any work.
@@ -747,8 +750,8 @@ def evaluate(
     if hd95 and not isinstance(getattr(task, "num_classes", None), int):
         raise ValueError(f"`hd95=True` needs a segmentation task (label maps with `num_classes`), got {task!r}; "
                          "HD95 is a distance between label maps and does not apply to classifiers")
-    if target_fn is None and any(_targeted(a) for _, a in named):
-        which = ", ".join(repr(n) for n, a in named if _targeted(a))
+    if any(_targeted(a) and target_for(target_fn, n) is None for n, a in named):
+        which = ", ".join(repr(n) for n, a in named if _targeted(a) and target_for(target_fn, n) is None)
         raise ValueError(f"`target_fn` is required because attack(s) {which} are targeted: give "
                          "target_fn(x, y, clean_logits) -> target")
     shard = dist.current_shard(distributed)
@@ -758,7 +761,8 @@ def evaluate(
                       RuntimeWarning, stacklevel=2)
     save_dir = Path(save_adversarial) if save_adversarial is not None else None
     weights = _weights_hash(model)
-    configs = {name: _fingerprint(weights, task, atk, hd95, spacing, target_fn, seed=seed, save=save_dir is not None)
+    configs = {name: _fingerprint(weights, task, atk, hd95, spacing, target_for(target_fn, name), seed=seed,
+                                  save=save_dir is not None)
                for name, atk in named}
     # rows of a resumed log (and of every rank's log) count only if they came from the same settings
     done = [r for p in (dist.log_files(log) if log is not None else []) for r in Results.read_log(p).rows
@@ -836,9 +840,10 @@ def evaluate(
             for name, atk in todo:
                 with _seeded(seed, f"{b}:{name}:{atk.budget}", device):
                     target = y_d
-                    if target_fn is not None and _targeted(atk):
+                    fn = target_for(target_fn, name)
+                    if fn is not None and _targeted(atk):
                         assert clean_logits is not None
-                        target = target_fn(x_d, y_d, clean_logits)
+                        target = fn(x_d, y_d, clean_logits)
                     res = atk(model, x_d, target, clean_logits=clean_logits)
                 if clean is None:
                     clean_logits, clean, clean_hd95 = _clean_outcome(model, task, x_d, y_d, res.clean_logits, hd95,

@@ -162,13 +162,15 @@ class Results:
 
     # --- summary ---------------------------------------------------------------------------------------------
     def summary(self) -> list[dict[str, Any]]:
-        """One row per (attack, budget): means of the numeric per-sample columns, plus AUCs.
+        """One row per (attack, budget): means of the numeric per-sample columns, plus AUCs (``clean_macro_auc``,
+        ``adv_macro_auc``: multi-label, the mean of the per-label AUCs; multi-class, the macro one-vs-rest AUC of
+        the class scores; a label or class whose AUC is undefined on these rows is left out of the mean).
 
         Booleans average to fractions; list columns (per class, per label) average element-wise;
         ``None`` (NaN) values are left out of a mean. Attack-specific ``attack_*`` columns are averaged
         over the rows of the attacks that have them.
         """
-        from .metrics.classification import macro_auc
+        from .metrics.classification import macro_auc, multiclass_auc
 
         table = []
         for (attack, budget), rows in self.groups().items():
@@ -189,6 +191,13 @@ class Results:
                 for which in ("clean", "adv"):
                     scores = torch.tensor([r[f"{which}_scores"] for r in rows], dtype=torch.float64)
                     row[f"{which}_macro_auc"] = float(macro_auc(scores, labels))
+            elif "clean_scores" in rows[0] and isinstance(rows[0].get("label"), int) \
+                    and isinstance(rows[0]["clean_scores"], list):
+                # multi-class: macro one-vs-rest AUC of the class scores (a class absent from the labels is skipped)
+                idx = torch.tensor([r["label"] for r in rows], dtype=torch.long)
+                for which in ("clean", "adv"):
+                    scores = torch.tensor([r[f"{which}_scores"] for r in rows], dtype=torch.float64)
+                    row[f"{which}_macro_auc"] = float(multiclass_auc(scores, idx))
             table.append(row)
         return table
 

@@ -7,14 +7,14 @@ validation with clear errors, seeded generators, and a forward that refuses outp
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 __all__ = ["all_finite", "model_device", "attack_mode", "check_input", "check_model", "make_generator", "forward_tensor",
-           "unbatched_hint"]
+           "unbatched_hint", "target_for"]
 
 
 def model_device(model: nn.Module, default: torch.device | None = None) -> torch.device:
@@ -134,3 +134,11 @@ def make_generator(seed: int | None, device: torch.device) -> torch.Generator | 
     g = torch.Generator(device=device)
     g.manual_seed(int(seed))
     return g
+
+
+def target_for(target_fn: Any, name: str) -> Any:
+    """The target function of attack ``name``: ``target_fn`` itself, or its entry in a ``{attack name: fn}``
+    mapping (attacks of a config with their own ``target``; ``None`` for a name it lacks)."""
+    if isinstance(target_fn, Mapping):
+        return target_fn.get(name)
+    return target_fn

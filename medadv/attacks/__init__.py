@@ -28,10 +28,13 @@ from .dag import (
     dag_target_b,
     dag_target_c,
 )
+from .deepfool import DeepFool, DeepFoolDetails
 from .engine import EngineOutput, IterativeAttack, StepContext
 from .fgsm import FGSM
 from .gap import GAP
 from .gradient import GradientAttack
+from .jsma import JSMA, JSMADetails
+from .noise import Noise
 from .pgd import PGD
 from .prompt_agnostic import PromptAgnostic, PromptAgnosticDetails
 from .relevance import RelevanceDetails, SaliencyRelevance
@@ -53,6 +56,7 @@ __all__ = [
     "VAFA", "VAFA2D", "VAFADetails", "soft_round", "soft_quantize",
     "GAP",
     "Square", "SquareDetails",
+    "DeepFool", "DeepFoolDetails", "JSMA", "JSMADetails", "Noise",
     "SaliencyAttack", "SaliencyDetails", "SaliencyRelevance", "RelevanceDetails", "SaliencyResistance",
     "ResistanceDetails",
 ]

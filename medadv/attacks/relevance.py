@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..explain import Explanation
+from ..explain import Explanation, softplus_surrogate
 from ..metrics.saliency import center_of_mass, mass_in_region
-from ..params import Constraint, Int, Optional, Options, Real, renamed
+from ..params import Bool, Constraint, Int, Optional, Options, Real, renamed
 from ..tasks import Task
 from ..threats import Threat
 from .base import register
@@ -94,6 +94,11 @@ class SaliencyRelevance(SaliencyAttack):
     coarse as the target square can hold at most ~(3/4)² of its mass inside it, and pixel-level gradient
     maps of ReLU CNNs cannot be confined to a small square at all (their mass outside vanishes only where
     every path to those pixels is switched off). ``details.target_mass`` reports the share achieved.
+    Max pooling decides where the gradient flows through argmax switches the softplus swap leaves hard, so
+    by default (``smooth_pools=True``) the surrogate's max pools become log-mean-exp pools of the same β:
+    on a max-pool CNN trained on the real chest X-ray (64², ε = 0.06) the mass share in the square went
+    0.010 → 0.030 (hard pools: 0.014), |Δp| 0.003 (hard: 0.044); on a strided-conv, average-pooled CNN the
+    defaults reach 0.014 → 0.26 (``tests/attacks/test_relevance_target.py``).
 
     Args:
         task, threat, explanation, label, steps, optimizer, softplus_beta, check_every, record_trace, seed:
@@ -110,6 +115,9 @@ class SaliencyRelevance(SaliencyAttack):
             labels/voxels).
         max_prob_change: optional bound (probability units) on max |p(x') − p(x)| over outputs for an
             admissible iterate.
+        smooth_pools: with ``softplus_beta`` set, also smooth the model's max pools in the surrogate
+            (log-mean-exp pools of the same β, :func:`~medadv.explain.softplus_surrogate`); admissibility and
+            the returned maps are always evaluated on the original model.
     """
 
     needs_class_scores = True  # its prediction-preservation term compares class distributions
@@ -120,6 +128,7 @@ class SaliencyRelevance(SaliencyAttack):
         "k": Optional(Int(low=1)),
         "keep_fraction": Real(low=0, high=1, low_open=True),
         "max_prob_change": Optional(Real(low=0, low_open=True)),
+        "smooth_pools": Bool(),
     }
     default_steps = 200
 
@@ -128,6 +137,7 @@ class SaliencyRelevance(SaliencyAttack):
     k: int | None
     keep_fraction: float
     max_prob_change: float | None
+    smooth_pools: bool
 
     @renamed(lr="step_size", beta="softplus_beta")
     def __init__(
@@ -147,6 +157,7 @@ class SaliencyRelevance(SaliencyAttack):
         softplus_beta: float | tuple[float, float] | None = (10.0, 100.0),
         keep_fraction: float = 1.0,
         max_prob_change: float | None = None,
+        smooth_pools: bool = True,
         check_every: int = 1,
         record_trace: bool = False,
         seed: int | None = 0,
@@ -186,6 +197,12 @@ class SaliencyRelevance(SaliencyAttack):
             raise ValueError(f"`target_map` must have shape {spatial} or (N, *{spatial}), got {tuple(t.shape)}")
         t = t.expand_as(map0)
         return t / t.flatten(1).sum(1).reshape(-1, *([1] * len(spatial)))
+
+    def setup(self, model: nn.Module, ctx: StepContext) -> None:
+        super().setup(model, ctx)
+        betas = ctx.shared["betas"]
+        if self.smooth_pools and betas is not None:
+            ctx.shared["surrogate"] = softplus_surrogate(model, betas[0], smooth_pools=True)
 
     def _setup(self, ctx: StepContext, label: Tensor, map0: Tensor) -> None:
         assert ctx.clean_logits is not None

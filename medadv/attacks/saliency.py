@@ -55,7 +55,7 @@ REFERENCE_PIXELS = 512 * 512
 EXPLANATION = Component(
     Explanation, get_explanation,
     "a medadv Explanation, an explanation name ('gradient', 'gradient_x_input', 'integrated_gradients', "
-    "'smoothgrad', 'gradcam'; not the evaluation-only 'guided_backprop', 'guided_gradcam') or a mapping "
+    "'smoothgrad', 'gradcam'; not the evaluation-only 'guided_backprop', 'guided_gradcam', 'xrai') or a mapping "
     "{name: ..., **params}",
 )
 
@@ -132,7 +132,7 @@ class SaliencyAttack(IterativeAttack):
         explanation: the attacked saliency method: an :class:`~medadv.explain.Explanation`, a name
             (``"gradient"`` default, ``"gradient_x_input"``, ``"integrated_gradients"``, ``"smoothgrad"``,
             ``"gradcam"``) or a mapping ``{name: gradcam, layer: features.denseblock4}``. Evaluation-only
-            explanations (``"guided_backprop"``, ``"guided_gradcam"``: no input gradient) are refused with
+            explanations (``"guided_backprop"``, ``"guided_gradcam"``, ``"xrai"``: no input gradient) are refused with
             the differentiable one to attack instead; evaluate them on the attacked images (transfer).
         label: class/label whose map is attacked: an int, ``(N,)`` ints (tensor or list), or ``None`` (multi-class: the
             label ``y``; multi-label: the label with the highest clean logit; segmentation: the counted

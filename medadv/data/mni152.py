@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["TISSUE_CLASSES", "mni152_files", "load_tissue_map", "tissue_patches"]
+__all__ = ["TISSUE_CLASSES", "KINDS", "mni152_files", "load_tissue_map", "tissue_patches", "tissue_slices",
+           "tissue_classes", "tissue_labels"]
 
 TISSUE_CLASSES = ("background", "grey matter", "white matter", "other brain")
 
@@ -125,3 +126,60 @@ def tissue_patches(
         xs.append(vol[sl])
         ys.append(lab[sl])
     return torch.stack(xs).unsqueeze(1).contiguous(), torch.stack(ys).contiguous()
+
+
+def tissue_slices(n: int, size: int = 32, spacing_mm: int = 2, split: str = "train", seed: int = 0
+                  ) -> tuple[Tensor, Tensor]:
+    """2-D segmentation: the middle axial slice of each :func:`tissue_patches` crop, ``x (n, 1, s, s)`` in [0, 1]
+    and its tissue labels ``y (n, s, s)`` (the four :data:`TISSUE_CLASSES`)."""
+    x, y = tissue_patches(n, size=size, spacing_mm=spacing_mm, split=split, seed=seed)
+    return x[..., size // 2].contiguous(), y[..., size // 2].contiguous()
+
+
+def tissue_classes(n: int, size: int = 32, spacing_mm: int = 2, split: str = "train", seed: int = 0
+                   ) -> tuple[Tensor, Tensor]:
+    """2-D multi-class classification: which tissue is at the centre of an axial patch.
+
+    ``x (n, 1, s, s)`` in [0, 1]; ``y (n,)`` 0 grey matter, 1 white matter, 2 other brain. Centres are drawn
+    in turn from the voxels of each tissue (balanced classes), inside the split's hemisphere, so that the patch
+    fits the volume without shifting its centre.
+    """
+    if n < 1:
+        raise ValueError(f"`n` must be >= 1, got {n}")
+    if split not in ("train", "test", "all"):
+        raise ValueError(f"`split` must be 'train', 'test' or 'all', got {split!r}")
+    vol, lab = load_tissue_map(spacing_mm)
+    d, h, w = vol.shape
+    half = size // 2
+    lo, hi = {"train": (0, d // 2), "test": (d // 2, d), "all": (0, d)}[split]
+    if hi - lo < 1 or h < size or w < size:
+        raise ValueError(f"`size`={size} does not fit a {tuple(vol.shape)} volume")
+    inside = torch.zeros_like(lab, dtype=torch.bool)
+    inside[lo:hi, half:h - size + half + 1, half:w - size + half + 1] = True
+    gen = torch.Generator().manual_seed(seed)
+    pools = [((lab == k) & inside).nonzero() for k in (1, 2, 3)]
+    xs, ys = [], []
+    for i in range(n):
+        k = i % 3
+        c = pools[k][torch.randint(len(pools[k]), (1,), generator=gen)].squeeze(0).tolist()
+        xs.append(vol[c[0], c[1] - half:c[1] - half + size, c[2] - half:c[2] - half + size])
+        ys.append(k)
+    return torch.stack(xs).unsqueeze(1).contiguous(), torch.tensor(ys, dtype=torch.long)
+
+
+def tissue_labels(n: int, size: int = 32, spacing_mm: int = 2, split: str = "train", seed: int = 0,
+                  min_fraction: float = 0.3) -> tuple[Tensor, Tensor]:
+    """2-D multi-label classification: which of background, grey matter and white matter cover at least
+    ``min_fraction`` of an axial patch (at 0.3: about 40 %, 85 % and 50 % of the patches).
+
+    ``x (n, 1, s, s)`` in [0, 1] (the slices of :func:`tissue_slices`); ``y (n, 3)`` float 0/1.
+    """
+    if not 0.0 < min_fraction < 1.0:
+        raise ValueError(f"`min_fraction` must be in (0, 1), got {min_fraction}")
+    x, seg = tissue_slices(n, size=size, spacing_mm=spacing_mm, split=split, seed=seed)
+    frac = torch.stack([(seg == k).flatten(1).float().mean(1) for k in (0, 1, 2)], dim=1)
+    return x, (frac >= min_fraction).float()
+
+
+#: the ``mni152`` config source's ``kind``: its function (``n`` and the ``kwargs`` are passed on)
+KINDS = {"patches": tissue_patches, "slices": tissue_slices, "classes": tissue_classes, "labels": tissue_labels}

@@ -1,5 +1,5 @@
 """Saliency maps, captum-based where captum allows it: differentiable ones (double backprop) for attacks,
-and evaluation-only ones (Guided Backprop, Guided Grad-CAM: ``Explanation.differentiable`` is False).
+and evaluation-only ones (Guided Backprop, Guided Grad-CAM, XRAI: ``Explanation.differentiable`` is False).
 
 captum is imported when a captum-based map is first computed, not by ``import medadv``.
 """
@@ -20,6 +20,7 @@ from .gradient import Gradient, GradientXInput, IntegratedGradients, differentia
 from .guided import GuidedBackprop, GuidedGradCAM
 from .smoothgrad import SmoothGrad
 from .surrogate import beta_schedule, set_softplus_beta, softplus_surrogate
+from .xrai import XRAI, xrai_rank, xrai_segments
 
 __all__ = [
     "Explanation",
@@ -38,6 +39,9 @@ __all__ = [
     "GuidedBackprop",
     "GuidedGradCAM",
     "SmoothGrad",
+    "XRAI",
+    "xrai_segments",
+    "xrai_rank",
     "softplus_surrogate",
     "set_softplus_beta",
     "beta_schedule",

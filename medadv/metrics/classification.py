@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["accuracy", "roc_auc", "macro_auc", "fooling_rate", "flip_probability"]
+__all__ = ["accuracy", "roc_auc", "macro_auc", "multiclass_auc", "fooling_rate", "flip_probability"]
 
 
 def accuracy(pred: Tensor, y: Tensor) -> Tensor:
@@ -58,6 +58,44 @@ def roc_auc(scores: Tensor, labels: Tensor) -> Tensor:
 def macro_auc(scores: Tensor, labels: Tensor) -> Tensor:
     """Mean of the per-label AUCs over labels where the AUC is defined."""
     return roc_auc(scores, labels).nanmean()
+
+
+def multiclass_auc(scores: Tensor, labels: Tensor) -> Tensor:
+    """Macro one-vs-rest ROC AUC of a multi-class classifier (Xu et al., MedIA 2021, §5.1; spec 000, A9).
+
+    Class ``k``'s AUC ranks every sample by ``scores[:, k]`` against "label is ``k``"; the macro AUC is their
+    unweighted mean. Computed by MONAI's ``compute_roc_auc(average="none")`` on the one-hot labels (the values of
+    scikit-learn's ``roc_auc_score(labels, scores, multi_class="ovr", average="macro")``).
+
+    Absent classes: a class that no sample has (or that every sample has) has no defined OvR AUC; it is left
+    out of the mean (scikit-learn raises instead). NaN when no class is defined (fewer than two classes present).
+
+    Args:
+        scores: ``(N, K)`` class scores (softmax probabilities; any monotone score per class works).
+        labels: ``(N,)`` integer class indices in ``[0, K)``.
+
+    Returns:
+        ``()`` float64 tensor on the CPU.
+    """
+    import warnings
+
+    from monai.metrics import compute_roc_auc
+
+    if scores.ndim != 2:
+        raise ValueError(f"`scores` must be (N, K) class scores, got shape {tuple(scores.shape)}")
+    if labels.ndim != 1 or labels.shape[0] != scores.shape[0]:
+        raise ValueError(f"`labels` must be ({scores.shape[0]},) class indices, got shape {tuple(labels.shape)}")
+    if labels.is_floating_point() and not bool((labels == labels.round()).all()):
+        raise ValueError("`labels` must hold integer class indices")
+    k = scores.shape[1]
+    idx = labels.long().cpu()
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= k):
+        raise ValueError(f"`labels` has class indices out of range [0, {k - 1}]")
+    onehot = torch.nn.functional.one_hot(idx, k).double()
+    with warnings.catch_warnings():  # MONAI warns for each class without positives or negatives: NaN, skipped
+        warnings.filterwarnings("ignore", message="y values can not be all")
+        per_class = compute_roc_auc(scores.detach().double().cpu(), onehot, average="none")
+    return torch.tensor(per_class, dtype=torch.float64).nanmean()
 
 
 def fooling_rate(clean_pred: Tensor, adv_pred: Tensor, y: Tensor | None = None, denominator: str = "all") -> Tensor:

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..runtime import target_for
 from ..tasks import Task
 
 if TYPE_CHECKING:
@@ -299,7 +300,7 @@ def worst_cases(
     *,
     k: int = 2,
     seed: int | None = None,
-    target_fn: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None,
+    target_fn: Callable[[Tensor, Tensor, Tensor], Tensor] | Mapping[str, Callable[..., Tensor]] | None = None,
     class_names: Sequence[str] | None = None,
     axis_names: Sequence[str] | None = None,
     strongest_only: bool = False,
@@ -408,7 +409,8 @@ def worst_cases(
                 continue
             atk = attacks[name]
             with _seeded(seed, f"{b}:{name}:{atk.budget}", device):  # the key evaluate() seeds this batch with
-                target = target_fn(x_d, y_d, clean_logits) if target_fn is not None and _targeted(atk) else y_d
+                fn = target_for(target_fn, name)
+                target = fn(x_d, y_d, clean_logits) if fn is not None and _targeted(atk) else y_d
                 res = atk(model, x_d, target, clean_logits=clean_logits)
             for i in local:
                 sample = offset + i

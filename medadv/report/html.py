@@ -31,7 +31,7 @@ import base64
 import io
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -631,7 +631,7 @@ def _settings_table(meta: Mapping[str, Any]) -> Table:
             v = settings[k]
             if v is None or v == [] or v == {}:
                 continue
-            if isinstance(v, Mapping) and "name" not in v:
+            if isinstance(v, Mapping) and v.get("name") is None:  # (an entry with a name reads as one value)
                 for sub, x in v.items():
                     if x is not None and x != {} and x != []:
                         rows.append((f"{k} · {sub}", _setting_value(sub, x)))
@@ -932,8 +932,9 @@ def _setting(values: Mapping[str, Any]) -> str:
 def _study_classwise(study: StudyLike, class_names: Sequence[str] | None) -> Section:
     names = study.meta.get("classes") or class_names
     metric = _study_metric(study, "per-class metric")
-    extra = [c for c in dict.fromkeys(k for r in study.rows for k in r) if c not in _CLASSWISE_VALUES]
-    groups = _groups(study.rows, extra)
+    per_class = [r for r in study.rows if "target" not in r]  # targeted-success rows are drawn apart
+    extra = [c for c in dict.fromkeys(k for r in per_class for k in r) if c not in _CLASSWISE_VALUES]
+    groups = _groups(per_class, extra)
     blocks: list[Any] = []
     has_cfns = any("cfns_adv" in r for r in study.rows)
     if groups:
@@ -974,6 +975,46 @@ def _study_classwise(study: StudyLike, class_names: Sequence[str] | None) -> Sec
         rows = [{"setting": _pretty_key(str(k)), "attractors (most errors first)": " > ".join(map(str, v))
                  if isinstance(v, list) else str(v)} for k, v in items]
         blocks.append(_table(rows, ["setting", "attractors (most errors first)"], "Classes ranked by CFPS."))
+    targeted = [r for r in study.rows if "target" in r]
+    if targeted:  # Medi et al. Fig. 5: success per target class next to the target's clean CFPS
+        tgroups = _groups(targeted, [k for k in ("model", "attack", "budget") if any(k in r for r in targeted)])
+        fig, axes = _grid(min(len(tgroups), 6), 2, 5.0, 3.2)
+        for ax, (tkey, rows) in zip(axes, list(tgroups.items())[:6], strict=False):
+            _bars(ax, [str(r["target"]) for r in rows], [("success", [r.get("success") for r in rows]),
+                                                         ("clean CFPS", [r.get("cfps_clean") for r in rows])],
+                  "share", " · ".join(str(k) for k in tkey if k is not None))
+        _legend_top(fig, axes[0])
+        spear = study.meta.get("targeted") or {}
+        rho = "; ".join(f"{_pretty_key(str(k))}: ρ = {fmt(v.get('spearman_cfps'))}" for k, v in spear.items()
+                        if isinstance(v, Mapping))
+        blocks.append(figure_image(fig, "targeted success per target class",
+                                   "Share of the samples of other classes that a targeted attack pushes into each "
+                                   "target class, next to that class's clean CFPS (Medi et al.: classes that attract "
+                                   "errors are easy targets). Spearman ρ(CFPS, success): " + (rho or "–") + "."))
+    sim = study.meta.get("similarity")
+    if isinstance(sim, Mapping) and isinstance(sim.get("definitions"), Mapping):
+        models = [str(m) for m in sim.get("models") or []]
+        primary = sim["definitions"].get(sim.get("primary", "errors")) or {}
+        if primary:
+            chunk = list(primary.items())[:4]
+            fig, axes = _grid(len(chunk), 4, max(3.4, 1.4 + 0.7 * len(models)), max(3.0, 1.2 + 0.6 * len(models)))
+            for ax, (cond, m) in zip(axes, chunk, strict=False):
+                _heatmap(ax, m, models, models, title=_pretty_key(str(cond)), cmap="viridis", vmin=0.0, vmax=1.0,
+                         colorbar=False)
+            fig.tight_layout()
+            blocks.append(figure_image(fig, "model-to-model cosine similarity of the error patterns",
+                                       "Cosine similarity of the models' off-diagonal confusion entries (where their "
+                                       "errors go; Medi et al. App. B report 0.76–0.83 between robust CIFAR-10 "
+                                       "models)."))
+        summary = []
+        for d, per_cond in sim["definitions"].items():
+            for cond, m in per_cond.items():
+                off = [float(v) for i, row in enumerate(m) for j, v in enumerate(row) if i < j and not _nan(v)]
+                summary.append({"definition": d, "condition": _pretty_key(str(cond)),
+                                "mean over model pairs": _mean(off)})
+        blocks.append(_table(summary, ["definition", "condition", "mean over model pairs"],
+                             "Model-to-model similarity: errors, CFPS and per-class metric as cosines; agreement = "
+                             "share of equal predictions."))
     blocks.append(_plain_table(study.rows, "all rows of the class-wise study"))
     return Section("study-classwise", f"Class-wise robustness (Medi et al.) · {metric}",
                    "Which classes suffer most under attack, and which classes the errors go to. CFPS<sub>j</sub> = "
@@ -984,23 +1025,50 @@ def _study_transfer(study: StudyLike, class_names: Sequence[str] | None) -> Sect
     metric = _study_metric(study)
     blocks: list[Any] = []
     groups = _groups(study.rows, ["attack", "budget"])
+    hd_unit = str(study.meta.get("hd95_units") or "voxels")
     for (attack, budget), rows in groups.items():
         surr = list(dict.fromkeys(str(r["surrogate"]) for r in rows))
         targ = list(dict.fromkeys(str(r["target"]) for r in rows))
         val = {(str(r["surrogate"]), str(r["target"])): r for r in rows}
-        has_fr = any(not _nan(r.get("fooling_rate")) for r in rows)
-        fig, axes = _grid(1 + has_fr, 2, max(4.4, 1.4 + 0.9 * len(targ)), max(3.0, 1.2 + 0.6 * len(surr)))
-        mats = [("adv", f"{metric} attacked", "viridis")] + ([("fooling_rate", "fooling rate", "magma")]
-                                                             if has_fr else [])
-        for ax, (col, label, cmap) in zip(axes, mats, strict=False):
+        mats: list[tuple[str, str, str, float | None, float | None]] = [
+            ("adv", f"{metric} attacked", "viridis", 0.0, 1.0)]
+        if any(not _nan(r.get("drop_points")) for r in rows):  # Paschali's "% Drop": points, larger is worse
+            mats.append(("drop_points", "drop (points: 100 × (clean − attacked))", "magma_r", None, None))
+        if any(not _nan(r.get("fooling_rate")) for r in rows):
+            mats.append(("fooling_rate", "fooling rate", "magma", 0.0, 1.0))
+        if any(not _nan(r.get("hd95_adv")) for r in rows):  # Malik et al.: HD95 under transfer
+            mats.append(("hd95_adv", f"HD95 attacked ({hd_unit})", "magma_r", None, None))
+        fig, axes = _grid(len(mats), 2, max(4.4, 1.4 + 0.9 * len(targ)), max(3.0, 1.2 + 0.6 * len(surr)))
+        for ax, (col, label, cmap, lo, hi) in zip(axes, mats, strict=False):
             m = [[val.get((s, t), {}).get(col) for t in targ] for s in surr]
-            _heatmap(ax, m, surr, targ, title=label, cmap=cmap, vmin=0.0, vmax=1.0, xlabel="target model",
+            _heatmap(ax, m, surr, targ, title=label, cmap=cmap, vmin=lo, vmax=hi, xlabel="target model",
                      ylabel="surrogate (crafted on)")
         fig.suptitle(_key(attack, budget), fontsize=10)
         fig.tight_layout()
         blocks.append(figure_image(fig, f"transfer heatmap {_key(attack, budget)}",
                                    "Rows: the model the attack was crafted on; columns: the model it was applied "
                                    "to. The diagonal is the white-box attack."))
+    # Paschali et al.'s Table 2 (rows: the evaluated model; columns: the source model, grouped by attack) with
+    # their Table 1 summary (clean, mean over the cells, drop in points and relative)
+    targets = list(dict.fromkeys(str(r["target"]) for r in study.rows))
+    summary = {str(e.get("target")): e for e in study.meta.get("summary") or [] if isinstance(e, Mapping)}
+    matrix: list[dict[str, Any]] = []
+    for t in targets:
+        sel = [r for r in study.rows if str(r["target"]) == t]
+        row: dict[str, Any] = {"evaluated model": t, f"clean {metric}": sel[0].get("clean") if sel else None}
+        for r in sel:
+            row[f"{_key(r['attack'], r['budget'])} · from {r['surrogate']}"] = r.get("adv")
+        e = summary.get(t, {})
+        row.update({"avg over all cells": e.get("avg_all_cells"), "drop (points)": e.get("drop_points_all_cells"),
+                    "avg black-box": e.get("avg"), "black-box drop (points)": e.get("drop_points"),
+                    "black-box drop (relative %)": e.get("drop_pct")})
+        matrix.append(row)
+    if matrix:
+        cols = list(dict.fromkeys(k for r in matrix for k in r))
+        blocks.append(_table(matrix, cols, f"{metric} of each evaluated model (rows) on the examples crafted on each "
+                             "source model (columns), per attack (Paschali et al., Table 2); avg and drop in "
+                             "percentage points 100 × (clean − avg), over all cells (their Table 1) and over the "
+                             "black-box cells only, and the relative drop 100 × (clean − avg) / clean."))
     blocks.append(_plain_table(study.rows, "all rows of the transfer study"))
     return Section("study-transfer", "Transferability (Paschali, Malik)",
                    "Adversarial examples crafted on one model (surrogate) and applied to another (target): a "
@@ -1031,11 +1099,20 @@ def _study_corruptions(study: StudyLike, class_names: Sequence[str] | None) -> S
         ax.set_xticks(sorted({int(r["severity"]) for r in study.rows}))
     fig.set_figheight(fig.get_figheight() + 0.25 * math.ceil((len(groups) + 1) / 5))
     _legend_top(fig, axes[0], 5)
+    blocks: list[Any] = [figure_image(fig, "corruption curves: metric and flip probability vs severity")]
+    if has_flip:  # Xu et al. report the FP per type and their mean
+        units = {str(c.get("name")): str(c.get("unit", "")) for c in study.meta.get("suite") or []
+                 if isinstance(c, Mapping)}
+        per = [{"corruption": name, "mean flip probability": _mean(r.get("flip_probability") for r in rows),
+                f"mean {metric}": _mean(r.get("metric") for r in rows), "level unit": units.get(str(name), "")}
+               for (name,), rows in groups.items()]
+        per.append({"corruption": "mean of all", "mean flip probability": _mean(r["mean flip probability"] for r in per),
+                    f"mean {metric}": _mean(r[f"mean {metric}"] for r in per), "level unit": ""})
+        blocks.append(_table(per, list(per[0]), "Flip probability and metric averaged over the severities run."))
+    blocks.append(_plain_table(study.rows, "all rows of the corruption study"))
     return Section("study-corruptions", "Common corruptions (Xu et al.)",
                    "Natural image degradations at five severities. The flip probability is the share of samples "
-                   "whose prediction the corruption changes.",
-                   [figure_image(fig, "corruption curves: metric and flip probability vs severity"),
-                    _plain_table(study.rows, "all rows of the corruption study")])
+                   "whose prediction the corruption changes.", blocks)
 
 
 def _study_noise_baseline(study: StudyLike, class_names: Sequence[str] | None) -> Section:
@@ -1069,9 +1146,11 @@ def _study_frequency(study: StudyLike, class_names: Sequence[str] | None) -> Sec
     fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(bands) * max(1, len(series)) / 2 + 2), 3.6))
     _bars(ax, bands, series, metric, "attack restricted to a frequency band", None)
     _legend_top(fig, ax, 3)
+    notes = study.meta.get("notes") if isinstance(study.meta, Mapping) else None  # e.g. VAFA's renormalisation
     return Section("study-frequency", "Frequency bands (Malik et al.)",
                    "The perturbation filtered to low or high spatial frequencies: which band carries the attack.",
-                   [figure_image(fig, "frequency band bars"), _plain_table(study.rows, "all rows", collapsed=False)])
+                   ([Bullets([str(n) for n in notes], "warn")] if notes else [])
+                   + [figure_image(fig, "frequency band bars"), _plain_table(study.rows, "all rows", collapsed=False)])
 
 
 def _study_models(study: StudyLike, class_names: Sequence[str] | None) -> Section:
@@ -1107,16 +1186,97 @@ def _study_models(study: StudyLike, class_names: Sequence[str] | None) -> Sectio
             row[_key(*s)] = next((r.get("adv") for r in rows if str(r["model"]) == m
                                   and (r.get("attack"), r.get("budget")) == s), None)
         pivot.append(row)
+    blocks: list[Any] = [figure_image(fig, "clean vs attacked metric per model"),
+                         _table(pivot, list(pivot[0]) if pivot else [], f"attacked {metric} per model and attack")]
+    blocks.extend(_models_cosine(study.meta.get("cosine")))
     return Section("study-models", "Models: generalisation vs robustness (Paschali)",
                    "Several models on the same data and attacks: a better clean score does not imply robustness.",
-                   [figure_image(fig, "clean vs attacked metric per model"),
-                    _table(pivot, list(pivot[0]) if pivot else [], f"attacked {metric} per model and attack")])
+                   blocks)
+
+
+def _models_cosine(cos: Any) -> list[Any]:
+    """Heatmaps of the models study's cross-model cosine similarities (Medi et al., Fig. 7): per condition, the
+    per-class recall vectors and the error patterns, models × models."""
+    if not isinstance(cos, Mapping) or not cos.get("conditions") or not cos.get("models"):
+        return []
+    names = [str(m) for m in cos["models"]]
+    panels = [(cond, kind) for cond in cos["conditions"] for kind in ("recall", "errors")
+              if isinstance(cos.get(kind), Mapping) and cos[kind].get(cond) is not None]
+    if not panels:
+        return []
+    side = max(3.2, 1.2 + 0.7 * len(names))
+    fig, axes = _grid(len(panels), 2, side + 1.0, side)
+    what = {"recall": "per-class recall", "errors": "error pattern (off-diagonal confusion)"}
+    for ax, (cond, kind) in zip(axes, panels, strict=False):
+        name, _, budget = str(cond).rpartition("@")
+        try:
+            label = _key(name, float(budget)) if name else str(cond)
+        except ValueError:
+            label = str(cond)
+        _heatmap(ax, cos[kind][cond], names, names, title=f"{label}: {what[kind]}", cmap="viridis", vmin=0.0,
+                 vmax=1.0, xlabel="model", ylabel="model")
+    fig.tight_layout()
+    return [figure_image(fig, "cosine similarity of class-wise vectors between models",
+                         "Cosine similarity of two models' class-wise vectors (Medi et al., App. B): per-class "
+                         "recall, and the error pattern (which class is mistaken for which; multi-label: missed and "
+                         "spurious findings per label). Attacked: each model on its own adversarial examples. "
+                         "Blank: undefined (a vector of zeros).")]
+
+
 
 
 def _study_correlation(study: StudyLike, class_names: Sequence[str] | None) -> Section:
     blocks: list[Any] = []
     emb = study.meta.get("embedding")
-    if isinstance(emb, Mapping) and emb.get("clean"):
+    embs = study.meta.get("embeddings")
+    if isinstance(embs, Mapping) and embs:  # train / clean / noisy / adversarial, one panel per method
+        from matplotlib.lines import Line2D
+
+        colours = {"train": "#BBBBBB", "clean": PALETTE[0], "noisy": PALETTE[2], "adv": PALETTE[1]}
+        shown = {"train": "train (control)", "clean": "clean", "noisy": "noise, same norm", "adv": "adversarial"}
+        fig, axes = _grid(len(embs), 2, 5.0, 4.2)
+        for ax, (method, e) in zip(axes, embs.items(), strict=False):
+            groups = e.get("groups") or {}
+            labels = e.get("labels") or {}
+            tops = sorted({str(v) for vs in labels.values() for v in vs})[:4]
+            for g in ("train", "clean", "noisy", "adv"):
+                pts = groups.get(g) or []
+                labs = [str(v) for v in labels.get(g, [])]
+                for mi, lab in enumerate(tops + ["other"]):
+                    sel = [p for p, q in zip(pts, labs or ["other"] * len(pts), strict=False)
+                           if (q == lab) or (lab == "other" and q not in tops)]
+                    if sel:
+                        ax.scatter([p[0] for p in sel], [p[1] for p in sel], s=12 if g == "train" else 18,
+                                   marker=MARKERS[mi % len(MARKERS)], color=colours[g],
+                                   alpha=0.45 if g == "train" else 0.85, linewidths=0)
+            ex = e.get("explained")
+            note = f" ({100 * sum(ex):.0f}% of the variance)" if ex else ""
+            _style(ax, "axis 1", "axis 2", f"{'PCA' if method == 'pca' else 't-SNE'}{note}")
+        handles = [Line2D([], [], ls="", marker="o", color=colours[g], label=shown[g])
+                   for g in ("train", "clean", "noisy", "adv") if any(g in (e.get("groups") or {}) for e in embs.values())]
+        first = next(iter(embs.values()))
+        tops = sorted({str(v) for vs in (first.get("labels") or {}).values() for v in vs})[:4]
+        handles += [Line2D([], [], ls="", marker=MARKERS[i % len(MARKERS)], color="#444444", label=f"label {t}")
+                    for i, t in enumerate(tops)]
+        fig.legend(handles=handles, loc="upper center", ncol=min(4, len(handles)), fontsize=8, frameon=False)
+        fig.tight_layout(rect=(0, 0, 1, 1 - 0.55 / fig.get_figheight()))
+        what = f" of layer {study.meta['layer']}" if study.meta.get("layer") else ""
+        under = f" under {_pretty_key(study.meta['attack'])}" if study.meta.get("attack") else ""
+        blocks.append(figure_image(fig, f"PCA and t-SNE of the features{what}{under}",
+                                   "Features of the groups embedded jointly (colour: group; marker: label). Xu et al. "
+                                   "(Fig. 7): adversarial samples leave their class among the training features, "
+                                   "noise of the same norm (the control) does not."))
+        sep = study.meta.get("separation") or []
+        if sep:
+            blocks.append(_table(sep, ["space", "pair", "centroid_distance", "knn_separability"],
+                                 "Per space and pair of groups: distance between centroids (over the clean spread) "
+                                 "and kNN separability (0.5: mixed, 1: separated)."))
+        probe = study.meta.get("probe") or []
+        if probe:
+            blocks.append(_table(probe, ["space", "group", "knn_label_accuracy"],
+                                 "kNN probe: the share of test samples whose nearest training features carry "
+                                 "their label."))
+    elif isinstance(emb, Mapping) and emb.get("clean"):
         plt = _plt()
         fig, ax = plt.subplots(figsize=(7.2, 4.6))
         from matplotlib.lines import Line2D
@@ -1241,25 +1401,75 @@ def _study_certify(study: StudyLike, class_names: Sequence[str] | None) -> Secti
     return Section("study-certify", f"Certified robustness (randomized smoothing) · {metric}", intro, blocks)
 
 
+def _study_saliency(study: StudyLike, class_names: Sequence[str] | None) -> Section:
+    """Model × method SSIM heatmaps per attack (Zhang et al. Tables 1–2) and the rows."""
+    matrix = study.meta["ssim"]
+    methods = list(study.meta.get("explanations") or [])
+    models = list(matrix)
+    attacks = list(dict.fromkeys(a for m in matrix.values() for a in m))
+    blocks: list[Any] = []
+    if models and methods and attacks:
+        plt = _plt()
+        fig, axes = plt.subplots(1, len(attacks), figsize=(max(4.0, 1.1 * len(methods) + 2) * len(attacks),
+                                                           1.0 + 0.6 * len(models)), squeeze=False)
+        for ax, a in zip(axes[0], attacks, strict=True):
+            m = [[matrix[mo].get(a, {}).get(e) for e in methods] for mo in models]
+            _heatmap(ax, m, models, methods, title=f"SSIM(clean map, attacked map) · {a}", vmin=0.0, vmax=1.0)
+        fig.tight_layout()
+        blocks.append(figure_image(fig, "saliency SSIM per model and method",
+                                   "1 = the attack left the map as it was; low = the map moved"))
+    cols = ["model", "explanation", "attack", "budget", "ssim", "spearman", "topk", "changed", "psc"]
+    if any(r.get("ssim_target") is not None for r in study.rows):
+        cols.append("ssim_target")
+    blocks.append(_table(study.rows, cols, "mean over the samples; changed: fraction whose prediction changed; "
+                         "ssim_target: SSIM of the attacked map to the attack's target map; psc: correlation of the prediction's "
+                         "and the map's change over the images (Zhang et al.)"))
+    return Section("study-saliency", "Explanations under attack, model × method (Zhang et al.)",
+                   "Each method explains the class of the clean prediction on the clean and on the attacked input; "
+                   "a prediction attack shows how fragile the maps are (Table 1), an attack on the explanation how "
+                   "far a map can be moved while the prediction holds (Table 2).", blocks)
+
+
 def _study_generic(study: StudyLike, class_names: Sequence[str] | None) -> Section:
     return Section(f"study-{study.study}", f"Study: {study.study}", "",
                    [_plain_table(study.rows, f"rows of the {study.study} study", collapsed=False)])
 
 
-_STUDIES = {"classwise": _study_classwise, "transfer": _study_transfer, "corruptions": _study_corruptions,
-            "noise_baseline": _study_noise_baseline, "frequency": _study_frequency, "models": _study_models,
-            "correlation": _study_correlation, "certify": _study_certify}
+StudyDrawer = Callable[[StudyLike, "Sequence[str] | None"], Section]
+
+#: study name -> the function drawing its report section (:func:`study_section` adds one)
+_STUDIES: dict[str, StudyDrawer] = {
+    "classwise": _study_classwise, "transfer": _study_transfer, "corruptions": _study_corruptions,
+    "noise_baseline": _study_noise_baseline, "frequency": _study_frequency, "models": _study_models,
+    "correlation": _study_correlation, "certify": _study_certify, "saliency": _study_saliency}
+
+
+def study_section(name: str) -> Callable[[StudyDrawer], StudyDrawer]:
+    """Decorator: ``fn(study, class_names) -> Section`` draws the report section of study ``name`` (a study
+    registered with :func:`medadv.studies.schema.register_study`; without a drawer its rows are shown raw)."""
+    def deco(fn: StudyDrawer) -> StudyDrawer:
+        _STUDIES[name] = fn
+        return fn
+    return deco
 
 
 def _study_section(study: StudyLike, class_names: Sequence[str] | None) -> Section:
     fn = _STUDIES.get(study.study, _study_generic)
     try:
-        return fn(study, class_names)
+        sec = fn(study, class_names)
     except (KeyError, TypeError, ValueError, IndexError) as err:  # rows not per the conventions: show them raw
         sec = _study_generic(study, class_names)
         sec.intro = (f"<span class='warn'>Could not draw this study's figures ({type(err).__name__}: {err}); its rows "
                      "are shown as they are.</span>")
-        return sec
+    notes = study.meta.get("notes") if isinstance(study.meta, Mapping) else None
+    shown = {i for b in sec.blocks if isinstance(b, Bullets) for i in b.items}
+    extra = [str(n) for n in notes or () if str(n) not in shown]
+    if extra:  # what the numbers depend on (VAFA's renormalisation): said in every study that ran it
+        sec.blocks.insert(0, Bullets(extra, "warn"))
+    title = study.meta.get("title") if isinstance(study.meta, Mapping) else None
+    if title:  # a config's `title:` (a paper's "Table 2"): the heading, with the study's own name after it
+        sec.title = f"{title} — {sec.title}"
+    return sec
 
 
 # --- cases and saliency ---------------------------------------------------------------------------------------------
@@ -1308,6 +1518,7 @@ def render_html_report(
     saliency: Sequence[SaliencyPair | Figure] = (),
     title: str = "medadv robustness report",
     class_names: Sequence[str] | None = None,
+    results_title: str | None = None,
 ) -> str:
     """The report as an HTML string (see :func:`write_html_report`)."""
     from markupsafe import Markup
@@ -1321,6 +1532,9 @@ def render_html_report(
     sections: list[Section] = []
     if results is not None and len(results):
         sections += _results_sections(results, class_names)
+        for sec in sections:
+            if results_title and sec.id in ("summary", "curves"):  # a paper's "Table 1": the evaluation's tables
+                sec.title = f"{results_title} — {sec.title}"
     sections += [_study_section(s, class_names) for s in studies]
     seen: dict[str, int] = {}
     for sec in sections:  # two studies of one kind (e.g. class-wise of two models): distinct anchors
@@ -1352,6 +1566,7 @@ def write_html_report(
     cases: Sequence[Case | Figure] = (),
     saliency: Sequence[SaliencyPair | Figure] = (),
     title: str = "medadv robustness report",
+    results_title: str | None = None,
     class_names: Sequence[str] | None = None,
     filename: str = "report.html",
 ) -> Path:
@@ -1368,11 +1583,13 @@ def write_html_report(
             ready matplotlib figures.
         saliency: :class:`~medadv.report.cases.SaliencyPair` objects or ready figures.
         title: the page title.
+        results_title: the heading put before the evaluation's summary and curves (a paper's "Table 1").
         class_names: names of the classes / labels / tissues (default ``results.meta["classes"]``, else
             indices).
         filename: the file name inside ``out_dir``.
     """
     html = render_html_report(results, studies=studies, cases=cases, saliency=saliency, title=title,
+                              results_title=results_title,
                               class_names=class_names)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

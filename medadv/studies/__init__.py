@@ -12,6 +12,8 @@ study              what                                                         
 ``models``         clean vs robust over several models                                     Paschali et al. 2018
 ``correlation``    feature embedding clean vs attacked, label co-occurrence                Xu et al. 2021
 ``certify``        randomized-smoothing certificates vs. an attack on the smoothed model   Cohen 2019, Salman 2019
+``defenses``       one copy of the model per training strategy, clean vs attacked          Xu et al. 2021 (Tab. 5)
+``gap``            GAP generator fitted on a training split: training vs held-out rows     Xu et al. 2021
 =================  =====================================================================  =======================
 
 :func:`run_study` runs one by name with the options of a ``studies:`` config entry (:mod:`.schema`).
@@ -20,6 +22,8 @@ MONAI and the plotting stacks load only when a study runs.
 
 from __future__ import annotations
 
+from . import reader as _reader  # noqa: F401  (registers the reader_study entry and its report section)
+
 # the functions are bound here, over the submodules of the same names (``medadv.studies.classwise`` is the
 # function; its module stays importable as ``medadv.studies.classwise`` through ``sys.modules``)
 from .base import StudyResult
@@ -27,11 +31,14 @@ from .certify import certify
 from .classwise import classwise
 from .correlation import correlation
 from .corruptions import SUITE, Corruption, corruptions, noise_baseline
+from .defenses import defenses
 from .frequency import frequency
+from .gap_rows import gap
 from .models import models
+from .saliency import saliency
 from .schema import STUDY_SPECS, run_study, validate_studies, validate_study
 from .transfer import transfer
 
 __all__ = ["StudyResult", "classwise", "transfer", "corruptions", "noise_baseline", "frequency", "models",
            "correlation", "certify", "run_study", "validate_studies", "validate_study", "STUDY_SPECS", "SUITE",
-           "Corruption"]
+           "Corruption", "defenses", "gap", "saliency"]

@@ -16,9 +16,6 @@ from typing import Any
 
 __all__ = ["StudyResult", "jsonable"]
 
-STUDIES = ("classwise", "transfer", "corruptions", "noise_baseline", "frequency", "models", "correlation",
-           "certify")
-
 
 def jsonable(value: Any) -> Any:
     """Convert tensors / numpy values / tuples / paths to plain JSON types (recursively).

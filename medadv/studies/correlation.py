@@ -1,9 +1,14 @@
 """Feature and label correlation under attack (Xu et al. 2021, §4.3 and §4.4).
 
-* **Feature embedding**: the output of a named layer (a forward hook; feature maps are averaged over their
-  spatial axes) for the clean and the adversarial samples, projected jointly onto two axes by PCA (the two
-  groups share one projection, so distances between them mean something). Xu et al. use t-SNE; PCA is
-  deterministic and needs no extra package.
+* **Feature embedding** (Fig. 7): the output of a named layer (a forward hook; feature maps are averaged over
+  their spatial axes) for four groups: the model's **training** data (Xu et al.'s control group: where each
+  class lives; given as ``train_data``, or ``train: {source: ...}`` in a config), the **clean** test samples,
+  the same samples with **noise** of the adversarial perturbation's norm (a control: is the shift a matter of
+  size?), and the **adversarial** samples. All groups are embedded jointly (one fit, so distances between them
+  mean something) by PCA (exact, deterministic) and t-SNE (scikit-learn, seeded; spec 000 A29: PCA to 50 axes
+  first, perplexity 30, PCA initialisation). Each space (the features themselves, and each embedding) gets the
+  distances between group centroids and a kNN separability of group pairs; with training data, a kNN probe
+  reads each test group's labels off the training features (Xu et al.'s layer "accuracy").
 * **Label co-occurrence** (multi-label): ``M = BᵀB`` of the thresholded predictions ``B`` (N × L), clean and
   attacked; ``M[a, b]`` counts the images where labels ``a`` and ``b`` are both predicted, its diagonal the
   label frequencies. Xu et al. find that attacks inflate the predicted labels and densify their co-occurrence.
@@ -11,6 +16,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +28,7 @@ from ._common import (
     AttackSpec,
     TargetFn,
     attacked_batches,
+    batches,
     check_model,
     check_task,
     forward,
@@ -30,7 +37,8 @@ from ._common import (
 )
 from .base import StudyResult
 
-__all__ = ["correlation", "cooccurrence", "pca_2d", "layer_features"]
+__all__ = ["correlation", "cooccurrence", "pca_2d", "tsne_2d", "layer_features", "knn_separability", "knn_probe",
+           "matched_noise"]
 
 
 def cooccurrence(pred: Tensor) -> Tensor:
@@ -98,6 +106,120 @@ def _labels(task: Task, y: Tensor, names: list[Any]) -> list[Any]:
     return [task.sample_group(y[i], names) for i in range(y.shape[0])]
 
 
+def tsne_2d(features: Tensor, *, seed: int = 0, perplexity: float = 30.0, pca_dims: int = 50) -> Tensor:
+    """Joint 2-D t-SNE of ``(N, D)`` features (scikit-learn ``TSNE``; spec 000 A29: PCA to at most ``pca_dims``
+    axes first, perplexity ``min(perplexity, (N − 1) / 3)``, PCA initialisation, ``random_state=seed``).
+
+    t-SNE is non-parametric: every group (train, clean, noisy, adversarial) must be embedded in the same call.
+    Deterministic for a seed (and a machine); distances between far clusters carry little meaning, neighbours do.
+    """
+    n = features.shape[0]
+    if n < 8:
+        raise ValueError(f"t-SNE needs at least 8 points, got {n}; use `embedding: [pca]` for so few samples")
+    try:
+        from sklearn.manifold import TSNE
+    except ImportError as e:  # pragma: no cover - scikit-learn is a dependency
+        raise ImportError("the t-SNE embedding needs scikit-learn (pip install scikit-learn); or use "
+                          "`embedding: [pca]`") from e
+    f = features.detach().cpu().double().reshape(n, -1)
+    f = f - f.mean(0, keepdim=True)
+    k = min(int(pca_dims), f.shape[1], n)
+    if f.shape[1] > k:  # exact PCA (SVD) to k axes, as in pca_2d
+        _, _, vh = torch.linalg.svd(f, full_matrices=False)
+        f = f @ vh[:k].T
+    perp = float(min(perplexity, max(1.0, (n - 1) / 3)))
+    out = TSNE(n_components=2, perplexity=perp, init="pca", random_state=int(seed)).fit_transform(f.numpy())
+    return torch.as_tensor(out, dtype=torch.float64)
+
+
+def knn_separability(a: Tensor, b: Tensor, k: int = 5) -> float:
+    """How well a point's ``k`` nearest neighbours tell group ``a`` from group ``b`` (``(n_a, d)``, ``(n_b, d)``):
+    leave-one-out kNN balanced accuracy of the group label. 0.5: the groups are mixed; 1: fully separated."""
+    pts = torch.cat([a, b]).double()
+    lab = torch.cat([torch.zeros(a.shape[0]), torch.ones(b.shape[0])]).bool()
+    n = pts.shape[0]
+    k = max(1, min(int(k), n - 1))
+    d = torch.cdist(pts, pts)
+    d.fill_diagonal_(math.inf)
+    nn_idx = d.topk(k, largest=False).indices
+    votes = lab[nn_idx].double().mean(1)
+    pred = votes > 0.5  # k odd: no tie between the two groups; an even k's tie counts as group a
+    acc_a = float((~pred[~lab]).double().mean()) if a.shape[0] else math.nan
+    acc_b = float(pred[lab].double().mean()) if b.shape[0] else math.nan
+    return (acc_a + acc_b) / 2
+
+
+def knn_probe(ref: Tensor, ref_labels: Sequence[str], query: Tensor, query_labels: Sequence[str], k: int = 5) -> float:
+    """Share of ``query`` points whose ``k`` nearest ``ref`` points vote for their own label (majority, ties to
+    the nearest): Xu et al.'s layer "accuracy" of test features against the training features (spec 000 A29)."""
+    k = max(1, min(int(k), ref.shape[0]))
+    idx = torch.cdist(query.double(), ref.double()).topk(k, largest=False).indices
+    right = 0
+    for i, row in enumerate(idx.tolist()):
+        votes: dict[str, int] = {}
+        for j in row:
+            votes[ref_labels[j]] = votes.get(ref_labels[j], 0) + 1
+        best = max(votes.values())
+        winner = next(ref_labels[j] for j in row if votes[ref_labels[j]] == best)  # tie: the nearest
+        right += winner == query_labels[i]
+    return right / max(1, len(query_labels))
+
+
+def matched_noise(x: Tensor, x_adv: Tensor, box: Any, *, norm: str = "l2",
+                  generator: torch.Generator | None = None, iters: int = 30) -> Tensor:
+    """Gaussian noise with each sample's L2 (``norm="l2"``) or L∞ (``"linf"``) norm equal to its adversarial
+    perturbation's, *after* clipping to ``box``: a fixed draw ``z`` per sample, its scale found by bisection so
+    that ``‖clip(x + s z) − x‖`` matches (clipping removes part of the noise on dark backgrounds). A control group:
+    is the adversarial shift a matter of perturbation size? Where even a huge scale cannot reach the norm (a
+    sample at the box's corner), the largest reachable is used."""
+    if norm not in ("l2", "linf"):
+        raise ValueError(f"`noise` must be 'l2' or 'linf', got {norm!r}")
+    x = x.detach()
+    p = 2.0 if norm == "l2" else math.inf
+    target = (x_adv.detach() - x).flatten(1).norm(p=p, dim=1)
+    z = torch.randn(x.shape, generator=generator, dtype=torch.float32).to(device=x.device, dtype=x.dtype)
+    z = z / z.flatten(1).norm(p=p, dim=1).clamp_min(1e-12).reshape(-1, *([1] * (x.ndim - 1)))
+    shape = (-1, *([1] * (x.ndim - 1)))
+
+    def measure(scale: Tensor) -> Tensor:
+        return (box.clip(x + z * scale.reshape(shape)) - x).flatten(1).norm(p=p, dim=1)
+
+    lo = torch.zeros_like(target)
+    hi = target.clone()
+    for _ in range(8):  # clipping only shrinks: grow the bracket until it reaches the target
+        hi = torch.where(measure(hi) < target, hi * 2, hi)
+    for _ in range(int(iters)):
+        mid = (lo + hi) / 2
+        short = measure(mid) < target
+        lo, hi = torch.where(short, mid, lo), torch.where(short, hi, mid)
+    return box.clip(x + z * hi.reshape(shape))
+
+
+_GROUPS = ("train", "clean", "noisy", "adv")
+_PAIRS = (("clean", "adv"), ("clean", "noisy"), ("noisy", "adv"), ("train", "clean"), ("train", "adv"))
+
+
+def _space_stats(space: str, points: dict[str, Tensor], labels: dict[str, list[str]], k: int,
+                 attack: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Centroid distances (over the clean spread) and kNN separability of the group pairs; the kNN label probe
+    of the test groups against the training group."""
+    clean = points["clean"]
+    spread = float((clean - clean.mean(0)).norm(dim=1).mean()) or 1.0
+    sep = []
+    for a, b in _PAIRS:
+        if a in points and b in points:
+            dist = float((points[a].mean(0) - points[b].mean(0)).norm()) / spread
+            sep.append({"attack": attack, "space": space, "pair": f"{a}|{b}", "centroid_distance": dist,
+                        "knn_separability": knn_separability(points[a], points[b], k)})
+    probe = []
+    if "train" in points:
+        for g in ("clean", "noisy", "adv"):
+            probe.append({"attack": attack, "space": space, "group": g,
+                          "knn_label_accuracy": knn_probe(points["train"], labels["train"], points[g],
+                                                          labels[g], k)})
+    return sep, probe
+
+
 def correlation(
     model: nn.Module,
     task: Task,
@@ -108,25 +230,47 @@ def correlation(
     label_names: Sequence[str] | None = None,
     max_points: int = 2000,
     target_fn: TargetFn | None = None,
+    embedding: Sequence[str] = ("pca", "tsne"),
+    train_data: Any = None,
+    noise: str = "l2",
+    seed: int = 0,
+    perplexity: float = 30.0,
+    knn: int = 5,
 ) -> StudyResult:
-    """Feature embedding (clean vs adversarial) from a named layer, and label co-occurrence under attack.
+    """Feature embedding (train / clean / noisy / adversarial) from a named layer, and label co-occurrence under
+    attack (Xu et al. 2021, §4.3 Fig. 7 and §4.4 Fig. 8).
 
     Args:
-        model, task, data, attacks, target_fn: as for ``evaluate``. The embedding and co-occurrence matrices in
+        model, task, data, attacks, target_fn: as for ``evaluate``. The embeddings and co-occurrence matrices in
             ``meta`` use the first attack; the rows cover every attack.
         layer: a submodule name (``model.get_submodule``), e.g. ``"4"`` for the fifth layer of a Sequential;
-            ``None``: the logits.
+            ``None``: the logits. Feature maps are averaged over their spatial axes.
         label_names: names of the classes / labels (default: indices).
-        max_points: at most this many samples (the first ones) in the embedding.
+        max_points: at most this many samples per group (the first ones) in the embeddings.
+        embedding: ``"pca"`` (exact, :func:`pca_2d`) and/or ``"tsne"`` (:func:`tsne_2d`, Xu et al.'s), each
+            fitted jointly on all groups.
+        train_data: the model's training data (any form ``data`` takes): Xu et al.'s control group, whose clean
+            features show where each class lives; the kNN probe reads the test groups' labels off it. ``None``:
+            no train group and no probe.
+        noise: the noisy control group: Gaussian noise with each sample's ``"l2"`` or ``"linf"`` norm equal to
+            its adversarial perturbation's (data units), clipped to the attack's box.
+        seed: seed of the noise (a private generator) and of t-SNE.
+        perplexity: t-SNE perplexity (capped at (N − 1) / 3).
+        knn: neighbours of the kNN separability and probe.
 
     Returns:
         ``StudyResult("correlation")``: one row per (attack, budget, label): ``clean_count``/``adv_count`` (samples
         predicted with the label: the co-occurrence diagonal for multi-label), ``clean_rowsum``/``adv_rowsum``
         (multi-label: the co-occurrence row sums, Xu et al.'s chord arc sizes), and per attack the
         ``feature_shift`` (mean distance between a sample's clean and adversarial features over the mean
-        distance of clean features to their centroid). ``meta``: ``embedding`` ``{"clean": [[x, y]...], "adv":
-        [[x, y]...], "labels": [...], "explained": [..]}``, ``cooccurrence`` ``{"clean": M, "adv": M, "labels":
-        names}`` (multi-label), ``layer``, ``attack``.
+        distance of clean features to their centroid) and ``noise_shift`` (the same for the norm-matched noise:
+        the control). ``meta``: ``embeddings`` ``{method: {"groups": {group: [[x, y]...]}, "labels": {group:
+        [...]}, "explained": [..] (pca)}}``; ``embedding`` (the first method, ``clean``/``adv``/``labels`` as
+        before); ``separation``: rows ``{attack, space ("features" or a method), pair ("clean|adv", ...),
+        centroid_distance (over the clean spread), knn_separability (0.5 mixed .. 1 separated)}``; ``probe``
+        (with ``train_data``): rows ``{attack, space, group, knn_label_accuracy}``; ``noise`` (the matched norm
+        and the mean norms); ``cooccurrence`` ``{"clean": M, "adv": M, "labels": names}`` (multi-label),
+        ``layer``, ``attack``.
     """
     check_model(model)
     check_task(task)
@@ -135,11 +279,21 @@ def correlation(
         raise ValueError("`attacks` is empty: the correlation study compares clean and attacked samples")
     if int(max_points) < 2:
         raise ValueError(f"`max_points` must be >= 2, got {max_points}")
+    methods = list(dict.fromkeys(str(m) for m in embedding))
+    if not methods or any(m not in ("pca", "tsne") for m in methods):
+        raise ValueError(f"`embedding` must list 'pca' and/or 'tsne', got {list(embedding)}")
+    if noise not in ("l2", "linf"):
+        raise ValueError(f"`noise` must be 'l2' or 'linf', got {noise!r}")
+    if int(knn) < 1:
+        raise ValueError(f"`knn` must be >= 1, got {knn}")
+    gen = torch.Generator().manual_seed(int(seed))
     ys: list[Tensor] = []
     clean_pred: list[Tensor] = []
     adv_pred: dict[int, list[Tensor]] = {i: [] for i in range(len(named))}
     f_clean: list[Tensor] = []
     f_adv: dict[int, list[Tensor]] = {i: [] for i in range(len(named))}
+    f_noise: dict[int, list[Tensor]] = {i: [] for i in range(len(named))}
+    norms: dict[str, list[Tensor]] = {"adv": [], "noise": []}
     outputs = 0
     for batch in attacked_batches(model, task, data, named, target_fn):
         ys.append(batch.y.detach().cpu())
@@ -149,6 +303,12 @@ def correlation(
         for i, att in enumerate(batch.attacked):
             adv_pred[i].append(task.predict(att.result.logits).detach().cpu())
             f_adv[i].append(layer_features(model, att.result.x_adv, layer))
+            x_noise = matched_noise(batch.x, att.result.x_adv, att.attack.box, norm=noise, generator=gen)
+            f_noise[i].append(layer_features(model, x_noise, layer))
+            if i == 0:
+                p = "fro" if noise == "l2" else math.inf
+                norms["adv"].append((att.result.x_adv - batch.x).flatten(1).norm(p=p, dim=1).detach().double().cpu())
+                norms["noise"].append((x_noise - batch.x).flatten(1).norm(p=p, dim=1).detach().double().cpu())
     if not ys:
         raise ValueError("`data` is empty")
     y, cp = torch.cat(ys), torch.cat(clean_pred)
@@ -164,6 +324,7 @@ def correlation(
     for i, (aname, atk) in enumerate(named):
         ap = torch.cat(adv_pred[i])
         shift = float((torch.cat(f_adv[i]) - fc).norm(dim=1).mean()) / spread
+        nshift = float((torch.cat(f_noise[i]) - fc).norm(dim=1).mean()) / spread
         if multilabel:
             assert m_clean is not None
             m_adv = cooccurrence(ap)
@@ -178,17 +339,60 @@ def correlation(
             if multilabel:
                 row.update(clean_rowsum=int(rs_c[j]), adv_rowsum=int(rs_a[j]))
             row["feature_shift"] = shift
+            row["noise_shift"] = nshift
             rows.append(row)
-    # the embedding: the first attack, the first max_points samples, one joint projection
+    # the embeddings: the first attack, the first max_points samples of each group, one joint fit per method
     k = min(int(max_points), fc.shape[0])
-    first = torch.cat(f_adv[0])
-    coords, explained = pca_2d(torch.cat([fc[:k], first[:k]]))
-    labels = [str(v) for v in _labels(task, y[:k], names)]
+    groups: dict[str, Tensor] = {}
+    labels: dict[str, list[str]] = {}
+    if train_data is not None:
+        ft, yt = [], []
+        for xt, ytb in batches(train_data):
+            ft.append(layer_features(model, xt, layer))
+            yt.append(ytb.detach().cpu())
+            if sum(f.shape[0] for f in ft) >= int(max_points):
+                break
+        if not ft:
+            raise ValueError("`train_data` is empty")
+        groups["train"] = torch.cat(ft)[: int(max_points)]
+        labels["train"] = [str(v) for v in _labels(task, torch.cat(yt)[: int(max_points)], names)]
+        if groups["train"].shape[1] != fc.shape[1]:
+            raise ValueError(f"`train_data` gives {groups['train'].shape[1]} features per sample, `data` "
+                             f"{fc.shape[1]}: the two must be the same kind of input")
+    test_labels = [str(v) for v in _labels(task, y[:k], names)]
+    groups.update(clean=fc[:k], noisy=torch.cat(f_noise[0])[:k], adv=torch.cat(f_adv[0])[:k])
+    labels.update(clean=test_labels, noisy=test_labels, adv=test_labels)
+    order = [g for g in _GROUPS if g in groups]
+    sizes = [groups[g].shape[0] for g in order]
+    stacked = torch.cat([groups[g] for g in order])
+    attack_key = key(named[0][0], named[0][1].budget)
+    separation, probe = _space_stats("features", groups, labels, knn, attack_key)
+    embeddings: dict[str, Any] = {}
+    for method in methods:
+        if method == "pca":
+            coords, explained = pca_2d(stacked)
+        else:
+            coords, explained = tsne_2d(stacked, seed=seed, perplexity=perplexity), None
+        parts = dict(zip(order, coords.split(sizes), strict=True))
+        sep, prb = _space_stats(method, parts, labels, knn, attack_key)
+        separation += sep
+        probe += prb
+        embeddings[method] = {"groups": {g: parts[g].tolist() for g in order}, "labels": labels}
+        if explained is not None:
+            embeddings[method]["explained"] = explained.tolist()
+    first = embeddings[methods[0]]
     meta: dict[str, Any] = {
-        "layer": layer, "attack": key(named[0][0], named[0][1].budget), "labels": [str(n) for n in names],
-        "embedding": {"clean": coords[:k].tolist(), "adv": coords[k:].tolist(), "labels": labels,
-                      "explained": explained.tolist()},
+        "layer": layer, "attack": attack_key, "labels": [str(n) for n in names],
+        "embeddings": embeddings, "separation": separation,
+        "embedding": {"method": methods[0], "clean": first["groups"]["clean"], "adv": first["groups"]["adv"],
+                      "noisy": first["groups"]["noisy"], "labels": test_labels,
+                      "explained": first.get("explained")},
+        "noise": {"match": noise, "adv_norm": float(torch.cat(norms["adv"]).mean()),
+                  "noise_norm": float(torch.cat(norms["noise"]).mean())},
+        "seed": seed,
     }
+    if probe:
+        meta["probe"] = probe
     if multilabel:
         assert m_clean is not None
         meta["cooccurrence"] = {"clean": m_clean.tolist(), "adv": cooccurrence(torch.cat(adv_pred[0])).tolist(),

@@ -24,13 +24,23 @@ random state is used, never torch's global RNG.
 adversarial example's (``match="ssim"``), or its L2 distance does (``match="l2"``); the model is then
 evaluated on the noisy images. ``adv_metric`` well below ``noise_metric`` at equal SSIM is Paschali et
 al.'s finding that adversarial perturbations are not merely noise.
+
+**Xu et al.'s Robust-Benchmark** (``suite="xu2021"``, alias ``"robust_benchmark"``): the paper's 14 sequences for
+2-D images — gaussian / shot / speckle noise (random, compared with the clean frame, ImageNet-P's rule), gaussian
+blur (``blur``), motion blur, zoom blur, snow, spatter, brightness, translate, rotate, tilt, scale and shear (ramps,
+each frame compared with the previous). The ones MONAI lacks are batched torch on the data's device
+(:mod:`.robust_benchmark`). Xu et al.'s code has one severity and 10 frames whose parameters sweep a range
+(rotate ``i − 15`` degrees, translate ``i − 20`` pixels of 224, brightness ``+0.02`` per frame, ...); here each
+sequence ramps from the clean image to the severity's level, and severity 3 spans about the code's range (the
+paper's "five levels" are not given; spec 000 ambiguity A27). Motion blur, snow, spatter and tilt are 2-D only and
+refuse volumes; the others also run on volumes (rotation and shear in the axial plane of the last two axes).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -39,6 +49,7 @@ from torch import Tensor, nn
 from ..metrics.image import ssim
 from ..tasks import Task
 from ..threats import Bounds, Box
+from . import robust_benchmark as rb
 from ._common import (
     AttackSpec,
     TargetFn,
@@ -53,7 +64,8 @@ from ._common import (
 )
 from .base import StudyResult
 
-__all__ = ["Corruption", "SUITE", "corruption_suite", "corruptions", "noise_baseline", "sequence_flips"]
+__all__ = ["Corruption", "SUITE", "XU2021", "CORRUPTIONS", "SUITES", "corruption_suite", "corruptions", "noise_baseline",
+           "sequence_flips"]
 
 # mean voxel displacement per unit of MONAI's elastic ``magnitude`` (measured on MONAI 1.6: control-point
 # spacing max(4, size/4) in 2-D, Gaussian σ = 3 voxels in 3-D), so that severity levels read in voxels
@@ -62,17 +74,23 @@ _ELASTIC_GAIN = {2: 1.2, 3: 0.026}
 
 @dataclass(frozen=True)
 class Corruption:
-    """One corruption: a MONAI dictionary transform built for a strength ``param``.
+    """One corruption: a MONAI dictionary transform built for a strength ``param``, or a batched torch function.
 
     Attributes:
         name: its name in the rows.
         levels: the parameter at severities 1..5 (units in ``unit``).
-        kind: ``"random"`` (independent draws per frame, compared with frame 0) or ``"ramp"`` (deterministic;
-            strength grows over the frames, each compared with the previous).
+        kind: ``"random"`` (independent draws per frame, compared with frame 0) or ``"ramp"`` (strength grows over
+            the frames from ``identity`` to the level, each frame compared with the previous; any random layer
+            (snow flakes, spatter drops, a blur's angle) is drawn once per sample and kept over the frames).
         spatial: moves the anatomy (segmentation label maps and the clean prediction move with it).
         identity: the parameter value that leaves the image unchanged (start of a ramp).
-        unit: what ``levels`` measure.
-        build: ``build(param, ndim, data_range, spatial_shape, keys, nearest_keys)`` -> a MONAI dict transform.
+        unit: what ``levels`` measure, and how they map to the data box.
+        build: ``build(param, ndim, data_range, spatial_shape, keys, nearest_keys)`` -> a MONAI dict transform
+            (applied sample by sample on the CPU).
+        apply: ``apply(x, param, ctx)`` -> the corrupted batch, on ``x``'s device
+            (:class:`~medadv.studies.robust_benchmark.FrameContext`); give ``build`` or ``apply``.
+        ndims: the spatial ranks it is defined for (2: images, 3: volumes); others are refused.
+        instead: what to use where it refuses a rank (in the error).
     """
 
     name: str
@@ -81,11 +99,32 @@ class Corruption:
     spatial: bool
     identity: float
     unit: str
-    build: Callable[..., Any]
+    build: Callable[..., Any] | None = None
+    apply: Callable[[Tensor, float, rb.FrameContext], Tensor] | None = None
+    ndims: tuple[int, ...] = (2, 3)
+    instead: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.build is None) == (self.apply is None):
+            raise ValueError(f"corruption {self.name!r}: give exactly one of `build` (a MONAI transform) and `apply` "
+                             "(a batched function)")
+        if self.kind not in ("random", "ramp"):
+            raise ValueError(f"corruption {self.name!r}: `kind` must be 'random' or 'ramp', got {self.kind!r}")
+        if len(self.levels) != 5:
+            raise ValueError(f"corruption {self.name!r}: `levels` needs 5 values (severities 1..5), got "
+                             f"{len(self.levels)}")
+
+    def check_rank(self, x: Tensor) -> None:
+        """``ValueError`` when the corruption is not defined for ``x``'s spatial rank."""
+        nd = x.ndim - 2
+        if nd not in self.ndims:
+            kinds = " and ".join({2: "2-D images", 3: "3-D volumes"}.get(d, f"{d}-D data") for d in self.ndims)
+            raise ValueError(f"corruption {self.name!r} is defined for {kinds} only, got data with {nd} spatial axes"
+                             + (f": {self.instead}" if self.instead else ""))
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "levels": list(self.levels), "kind": self.kind, "spatial": self.spatial,
-                "unit": self.unit}
+                "unit": self.unit, "ndims": list(self.ndims)}
 
 
 def _gaussian(p: float, nd: int, rng: float, shape: Sequence[int], keys: list[str], near: list[str]) -> Any:
@@ -181,29 +220,100 @@ SUITE: tuple[Corruption, ...] = (
 )
 
 
-def corruption_suite(names: Sequence[str | Corruption] | None = None) -> list[Corruption]:
-    """The corruptions named (default: all of :data:`SUITE`); :class:`Corruption` objects pass through."""
+_BOX = "in box units u = (x - lo) / (hi - lo), clipped to the box"
+_FILL = "what comes into view is filled with the box's lower bound"
+
+#: the corruptions of Xu et al.'s Robust-Benchmark that MONAI lacks (batched torch, :mod:`.robust_benchmark`); the
+#: paper's gaussian noise and gaussian blur are ``gaussian_noise`` and ``blur`` of :data:`SUITE`
+_XU_EXTRA: tuple[Corruption, ...] = (
+    Corruption("shot_noise", (600.0, 300.0, 150.0, 75.0, 40.0), "random", False, math.inf,
+               f"photons per unit data range, Poisson(u·λ)/λ {_BOX} (ImageNet-P: 300)", apply=rb.shot_noise),
+    Corruption("speckle_noise", (0.05, 0.1, 0.15, 0.25, 0.35), "random", False, 0.0,
+               f"std of the multiplicative noise u + u·N(0, σ²) {_BOX} (ImageNet-P: 0.05)", apply=rb.speckle_noise),
+    Corruption("motion_blur", (1.0, 2.0, 3.0, 4.0, 6.0), "ramp", False, 0.0,
+               "σ in pixels of a one-sided Gaussian motion blur, at a seeded angle U(-45°, 45°) per sample "
+               "(Xu: σ = 3 px)", apply=rb.motion_blur, ndims=(2,),
+               instead="use `motion` (rigid patient motion) or `blur` for volumes"),
+    Corruption("zoom_blur", (1.02, 1.04, 1.06, 1.09, 1.12), "ramp", False, 1.0,
+               "largest zoom factor averaged about the centre, steps of 0.005 (MONAI Affine; ImageNet-P: "
+               "1 + 0.004 per frame)", apply=rb.zoom_blur),
+    Corruption("snow", (0.1, 0.2, 0.3, 0.4, 0.5), "ramp", False, 0.0,
+               f"snow strength s: whitening weight s and flake opacity 2s, ImageNet-C snow in grayscale {_BOX}",
+               apply=rb.snow, ndims=(2,), instead="snow is a 2-D camera effect"),
+    Corruption("spatter", (0.02, 0.04, 0.06, 0.09, 0.12), "ramp", False, 0.0,
+               f"fraction of the image wet, drops blended towards 0.86 of the range at opacity 0.6 (ImageNet-C "
+               f"water spatter in grayscale) {_BOX}", apply=rb.spatter, ndims=(2,),
+               instead="spatter is a 2-D camera effect"),
+    Corruption("brightness", (0.06, 0.12, 0.18, 0.24, 0.3), "ramp", False, 0.0,
+               f"shift, fraction of the data range, u + shift {_BOX} (Xu: 0.02 per frame, 0.18 over 10 frames)",
+               apply=rb.brightness),
+    Corruption("translate", (0.02, 0.03, 0.04, 0.06, 0.08), "ramp", True, 0.0,
+               f"shift along the last axis, fraction of its size (MONAI Affine; Xu: 9 px of 224 = 0.04); {_FILL}",
+               apply=rb.translate),
+    Corruption("rotate", (3.0, 6.0, 9.0, 12.0, 15.0), "ramp", True, 0.0,
+               f"rotation in degrees, volumes in the plane of the last two axes (MONAI Affine; Xu: 9° over 10 "
+               f"frames); {_FILL}", apply=rb.rotate),
+    Corruption("tilt", (3.0, 6.0, 9.0, 12.0, 15.0), "ramp", True, 0.0,
+               f"perspective tilt φ = θ in degrees, focal length √(H² + W²) (ImageNet-P); {_FILL}",
+               apply=rb.tilt, ndims=(2,), instead="use `rotate` or `shear` for volumes"),
+    Corruption("scale", (0.95, 0.9, 0.85, 0.8, 0.75), "ramp", True, 1.0,
+               f"scale factor of the content about the centre (MONAI Affine; Xu: 0.4 → 0.625 over 10 frames); "
+               f"{_FILL}", apply=rb.scale),
+    Corruption("shear", (3.0, 6.0, 9.0, 12.0, 15.0), "ramp", True, 0.0,
+               f"shear angle in degrees, volumes within each axial slice (MONAI Affine; Xu: 9° over 10 frames); "
+               f"{_FILL}", apply=rb.shear),
+)
+
+#: every corruption by name: :data:`SUITE` (MONAI, MRI/CT-minded, 2-D and 3-D) and Xu et al.'s extra ones
+CORRUPTIONS: dict[str, Corruption] = {c.name: c for c in (*SUITE, *_XU_EXTRA)}
+
+#: Xu et al.'s 14 Robust-Benchmark sequences, in the paper's order (its gaussian blur is ``blur``)
+XU2021: tuple[str, ...] = ("brightness", "blur", "gaussian_noise", "motion_blur", "rotate", "scale", "shear",
+                           "shot_noise", "snow", "spatter", "speckle_noise", "tilt", "translate", "zoom_blur")
+
+#: named suites for ``suite=``
+SUITES: dict[str, tuple[str, ...]] = {"default": tuple(c.name for c in SUITE), "xu2021": XU2021,
+                                      "robust_benchmark": XU2021, "all": tuple(CORRUPTIONS)}
+
+#: other names of a corruption (the paper's)
+ALIASES = {"gaussian_blur": "blur"}
+
+
+def corruption_suite(names: str | Sequence[str | Corruption] | None = None) -> list[Corruption]:
+    """The corruptions named: a suite name of :data:`SUITES` (``"xu2021"``: Xu et al.'s 14), a list of names of
+    :data:`CORRUPTIONS` (or :class:`Corruption` objects, which pass through), or ``None``: :data:`SUITE`."""
     if names is None:
         return list(SUITE)
-    known = {c.name: c for c in SUITE}
+    if isinstance(names, str):
+        if names not in SUITES:
+            from ..params import closest
+
+            c = closest(names, list(SUITES) + list(CORRUPTIONS))
+            raise ValueError(f"unknown corruption suite {names!r}{f'; did you mean {c!r}?' if c else ''} "
+                             f"(suites: {', '.join(SUITES)}; or give a list of corruption names)")
+        names = list(SUITES[names])
     out = []
     for n in names:
         if isinstance(n, Corruption):
             out.append(n)
-        elif n in known:
-            out.append(known[n])
+        elif ALIASES.get(str(n), str(n)) in CORRUPTIONS:
+            out.append(CORRUPTIONS[ALIASES.get(str(n), str(n))])
         else:
             from ..params import closest
 
-            c = closest(str(n), list(known))
+            c = closest(str(n), list(CORRUPTIONS))
             raise ValueError(f"unknown corruption {n!r}{f'; did you mean {c!r}?' if c else ''} "
-                             f"(known: {', '.join(known)})")
+                             f"(known: {', '.join(CORRUPTIONS)})")
     return out
 
 
 def _apply(corr: Corruption, param: float, x: Tensor, extras: dict[str, Tensor], seeds: Sequence[int],
            data_range: float, box: Box) -> tuple[Tensor, dict[str, Tensor]]:
     """Corrupt each sample of ``x`` (and move the label-like ``extras`` for spatial corruptions)."""
+    corr.check_rank(x)
+    if corr.apply is not None:
+        return _apply_batched(corr, param, x, extras, seeds, data_range, box)
+    assert corr.build is not None
     nd = x.ndim - 2
     keys = ["image", *extras] if corr.spatial else ["image"]
     near = list(extras) if corr.spatial else []
@@ -223,6 +333,24 @@ def _apply(corr: Corruption, param: float, x: Tensor, extras: dict[str, Tensor],
             moved[k].append(torch.as_tensor(src).as_subclass(Tensor)[0].round().long())
     xc = box.clip(torch.stack(imgs).to(x.device))
     return xc, {k: torch.stack(v) for k, v in moved.items()}
+
+
+def _apply_batched(corr: Corruption, param: float, x: Tensor, extras: dict[str, Tensor], seeds: Sequence[int],
+                   data_range: float, box: Box) -> tuple[Tensor, dict[str, Tensor]]:
+    """A batched corruption on ``x``'s device: the image in box units, label maps moved by nearest neighbour."""
+    assert corr.apply is not None
+    xf = x if x.is_floating_point() else x.float()
+    lo: Tensor | float = box.lohi(xf)[0] if box.bounded else xf.detach().amin()
+    ctx = rb.FrameContext(tuple(int(s) for s in seeds), lo, float(data_range))
+    out = corr.apply(xf.detach(), float(param), ctx).to(x.dtype)
+    moved: dict[str, Tensor] = {}
+    for k, v in extras.items():
+        if corr.spatial:
+            lab = corr.apply(v.detach().unsqueeze(1).to(xf.dtype), float(param), replace(ctx, lo=0.0, label=True))
+            moved[k] = lab[:, 0].round().long()
+        else:
+            moved[k] = v
+    return box.clip(out), moved
 
 
 def sequence_flips(preds: Sequence[Tensor], refs: Sequence[Tensor], mask: Tensor | None = None) -> tuple[float, int]:
@@ -255,7 +383,7 @@ def corruptions(
     *,
     bounds: Box | Bounds | None,
     severities: Sequence[int] = range(1, 6),
-    suite: Sequence[str | Corruption] | None = None,
+    suite: str | Sequence[str | Corruption] | None = None,
     frames: int = 5,
     seed: int = 0,
 ) -> StudyResult:
@@ -270,9 +398,12 @@ def corruptions(
             clipped to it and intensity levels are fractions of its range. ``None``: unbounded (no clipping; the
             range of each batch).
         severities: which of the levels 1..5 to run.
-        suite: corruption names from :data:`SUITE` or :class:`Corruption` objects (default: all of them).
+        suite: a suite name (``"xu2021"``: Xu et al.'s 14 Robust-Benchmark sequences; ``"default"``; ``"all"``),
+            or corruption names from :data:`CORRUPTIONS` or :class:`Corruption` objects (default: :data:`SUITE`,
+            the MONAI corruptions for 2-D and 3-D data). A corruption not defined for the data's rank (snow on a
+            volume) is refused before anything runs.
         frames: frames per sequence, frame 0 clean (>= 2).
-        seed: seed of the random corruptions (MONAI's random state per sample and frame).
+        seed: seed of the random corruptions (per sample and frame; a ramp's random layer per sample).
 
     Returns:
         ``StudyResult("corruptions")``: rows ``{corruption, severity, param, kind, metric_clean, metric,
@@ -299,6 +430,8 @@ def corruptions(
         pred0 = task.predict(logits0)
         m0 = robust_metric(task, logits0, y)
         clean_sum, clean_n = clean_sum + float(m0.sum()), clean_n + m0.numel()
+        for corr in corrs:
+            corr.check_rank(x)
         data_range = box.data_range(x)
         for ci, corr in enumerate(corrs):
             extras = {"label": y, "ref": pred0} if seg and corr.spatial else {}
@@ -311,7 +444,7 @@ def corruptions(
                         param = corr.identity + (level - corr.identity) * j / (frames - 1)
                     else:
                         param = level
-                    xc, moved = _apply(corr, param, x, extras, _seeds(seed, ci, j, first, x.shape[0]),
+                    xc, moved = _apply(corr, param, x, extras, _seeds(seed, ci, j if corr.kind == "random" else 0, first, x.shape[0]),
                                        data_range, box)
                     logits = forward(model, xc)
                     yj = moved.get("label", y).to(logits.device)

@@ -23,11 +23,13 @@ from ..tasks import Task
 from ._common import (
     AttackSpec,
     TargetFn,
+    add_notes,
     attacked_batches,
     check_model,
     check_task,
     forward,
     named_attacks,
+    renormalization_notes,
     robust_metric,
 )
 from .base import StudyResult
@@ -65,7 +67,9 @@ def frequency(
 
     Returns:
         ``StudyResult("frequency")``: rows ``{attack, budget, band, value, retained}`` (``band`` is ``"clean"``,
-        ``"full"`` or a band name; ``value`` the mean robust metric, ``meta["metric"]``).
+        ``"full"`` or a band name; ``value`` the mean robust metric, ``meta["metric"]``). With a VAFA attack,
+        ``meta["notes"]`` says whether its per-slice min–max renormalisation was on and how that bears on the
+        low-frequency reading (:func:`~medadv.studies._common.renormalization_notes`).
     """
     check_model(model)
     check_task(task)
@@ -102,5 +106,6 @@ def frequency(
             rows.append({"attack": name, "budget": atk.budget, "band": band, "value": v,
                          "retained": (c - v) / drop if drop > 0 else None})
     tile_meta = tile if tile is None or isinstance(tile, int) else [int(t) for t in tile]
-    return StudyResult("frequency", rows, {"metric": task.robust_metric_name, "cutoff": cutoff, "tile": tile_meta,
-                                           "bands": names})
+    meta: dict[str, Any] = {"metric": task.robust_metric_name, "cutoff": cutoff, "tile": tile_meta, "bands": names}
+    add_notes(meta, renormalization_notes(named))
+    return StudyResult("frequency", rows, meta)

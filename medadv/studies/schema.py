@@ -16,21 +16,21 @@ several (``transfer``, ``models``) or picks one (``model:`` in the others).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import Field, Strict, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 from torch import nn
 
-from ..config_schema import ConfigError, _Section, validate_section
+from ..config_schema import ConfigError, DataSection, _Section, validate_section
 from ..params import closest
 from ..tasks import Task
-from ._common import AttackSpec, TargetFn, named_attacks
+from ._common import AttackSpec, TargetFn, add_notes, named_attacks, renormalization_notes
 from .base import StudyResult
 
 __all__ = ["STUDY_SPECS", "StudySpec", "ClasswiseSpec", "TransferSpec", "CorruptionsSpec", "NoiseBaselineSpec",
-           "FrequencySpec", "ModelsSpec", "CorrelationSpec", "CertifySpec", "validate_study", "validate_studies", "run_study"]
+           "FrequencySpec", "ModelsSpec", "CorrelationSpec", "CertifySpec", "SaliencySpec", "register_study", "validate_study", "validate_studies", "run_study"]
 
 Int = Annotated[int, Strict()]
 Number = Annotated[float, Strict()]
@@ -38,44 +38,148 @@ Number = Annotated[float, Strict()]
 
 class StudySpec(_Section):
     """What every study entry has: its name, and ``model``: which model of a ``{name: model}`` mapping it uses
-    (single-model studies; default: the only model)."""
+    (single-model studies; default: the first, which in a config is the evaluated ``model``)."""
 
     study: str
     model: str | None = Field(None, min_length=1)
+    #: the report's heading for this study (a paper's "Table 2", "Fig. 7: ..."); default: the study's own
+    title: str | None = Field(None, min_length=1)
+
+    def run(self, models: dict[str, nn.Module], task: Task, data: Any, attacks: AttackSpec | None,
+            target_fn: TargetFn | None) -> StudyResult:
+        """Run the study on ``models`` (``{name: model}``) with these options."""
+        raise NotImplementedError(f"{type(self).__name__} does not define run()")
 
 
+#: study name -> its schema (filled by :func:`register_study`)
+STUDY_SPECS: dict[str, type[StudySpec]] = {}
+
+S = TypeVar("S", bound=type[StudySpec])
+
+
+def register_study(name: str) -> Callable[[S], S]:
+    """Class decorator: register a :class:`StudySpec` subclass (its ``study`` field a ``Literal[name]`` and its
+    :meth:`StudySpec.run`) as the ``studies:`` entry ``name``. A study module registers itself on import."""
+    def deco(cls: S) -> S:
+        if not (isinstance(cls, type) and issubclass(cls, StudySpec)):
+            raise TypeError(f"register_study({name!r}) decorates a StudySpec subclass, got {cls!r}")
+        if name in STUDY_SPECS and STUDY_SPECS[name] is not cls:
+            raise ValueError(f"study {name!r} is already registered ({STUDY_SPECS[name].__name__})")
+        STUDY_SPECS[name] = cls
+        return cls
+    return deco
+
+
+def _box(spec: StudySpec, attacks: AttackSpec | None, what: str, required: bool = True) -> Any:
+    """``spec.bounds`` when given (``null``: unbounded), else the first attack's data box (without attacks: an
+    error when ``required``, else unbounded)."""
+    if "bounds" in spec.model_fields_set:
+        b = spec.bounds  # type: ignore[attr-defined]
+        return None if b is None else (b[0], b[1])
+    named = named_attacks(attacks)
+    if not named and not required:
+        return None
+    if not named:
+        raise ValueError(f"the {what} study needs the data box: give `bounds: [lo, hi]` (or null for unbounded "
+                         "data), or attacks whose box it takes")
+    return named[0][1].box
+
+
+@register_study("classwise")
 class ClasswiseSpec(StudySpec):
-    """Per-class recall / label accuracy / Dice, CFPS, confusion matrices, attractors (Medi et al.)."""
+    """Per-class recall / label accuracy / Dice, CFPS, confusion matrices, attractors (Medi et al.).
+
+    ``corruptions`` (names or a suite such as ``xu2021``) at ``severity`` are conditions next to the attacks
+    (``bounds``: their data box, default the attacks'); ``target_classes`` (``all`` or a list) runs every
+    targeted attack once per target class (multi-class); ``models`` (two or more) runs the study on each and
+    adds their model-to-model cosine similarity (Medi et al., App. B)."""
 
     study: Literal["classwise"]
     class_names: list[str] | None = None
+    corruptions: Annotated[list[str], Field(min_length=1)] | str | None = None
+    severity: Int = Field(3, ge=1, le=5)
+    seed: Int = 0
+    bounds: Annotated[list[Number], Field(min_length=2, max_length=2)] | None = None
+    target_classes: Literal["all"] | Annotated[list[Annotated[int, Strict(), Field(ge=0)] | str],
+                                               Field(min_length=1)] | None = None
+    models: Annotated[list[str], Field(min_length=2)] | None = None
+
+    @field_validator("corruptions")
+    @classmethod
+    def _known_corruptions(cls, names: list[str] | str | None) -> list[str] | str | None:
+        return CorruptionsSpec._known(names)  # type: ignore[operator]
+
+    @model_validator(mode="after")
+    def _model_or_models(self) -> ClasswiseSpec:
+        if self.model is not None and self.models is not None:
+            raise PydanticCustomError("classwise_models", "give `model` (one) or `models` (several), not both")
+        return self
+
+    def run(self, models: dict[str, nn.Module], task: Task, data: Any, attacks: AttackSpec | None,
+            target_fn: TargetFn | None) -> StudyResult:
+        from .classwise import classwise
+
+        which: nn.Module | dict[str, nn.Module] = (_pick(models, self.models, "models") if self.models is not None
+                                                   else _one(models, self))
+        bounds = _box(self, attacks, "classwise", required=False) if self.corruptions else None
+        return classwise(which, task, data, attacks, class_names=self.class_names, target_fn=target_fn,
+                         corruptions=self.corruptions, severity=self.severity, bounds=bounds, seed=self.seed,
+                         target_classes=self.target_classes)
 
 
+@register_study("transfer")
 class TransferSpec(StudySpec):
-    """Surrogate × target table; ``surrogates``/``targets`` name models (default: all of them, both roles)."""
+    """Surrogate × target table; ``surrogates``/``targets`` name models (default: all of them, both roles).
+    ``hd95``: also each target's HD95 clean and transferred (segmentation; Malik et al.), ``spacing``: the voxel
+    size for it in mm, one number or one per spatial axis (default: voxel units)."""
 
     study: Literal["transfer"]
     surrogates: Annotated[list[str], Field(min_length=1)] | None = None
     targets: Annotated[list[str], Field(min_length=1)] | None = None
+    hd95: Annotated[bool, Strict()] = False
+    spacing: (Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]
+              | Annotated[list[Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]],
+                          Field(min_length=1, max_length=3)]
+              | None) = None
+
+    def run(self, models: dict[str, nn.Module], task: Task, data: Any, attacks: AttackSpec | None,
+            target_fn: TargetFn | None) -> StudyResult:
+        from .transfer import transfer
+
+        return transfer(_pick(models, self.surrogates, "surrogates"), _pick(models, self.targets, "targets"), task,
+                        data, attacks if attacks is not None else {}, target_fn=target_fn, hd95=self.hd95,
+                        spacing=self.spacing)
 
 
+@register_study("corruptions")
 class CorruptionsSpec(StudySpec):
-    """MONAI corruptions at severities 1..5 with the flip probability (Xu et al.). ``bounds``: the data box
-    (default: the attacks' box; ``null``: unbounded)."""
+    """Corruptions at severities 1..5 with the flip probability (Xu et al.). ``suite``: a suite name (``xu2021``
+    / ``robust_benchmark``: the paper's 14 Robust-Benchmark sequences for 2-D images; ``default``: the MONAI
+    MRI/CT corruptions; ``all``) or a list of corruption names. ``bounds``: the data box (default: the attacks'
+    box; ``null``: unbounded)."""
 
     study: Literal["corruptions"]
     severities: Annotated[list[Annotated[int, Strict(), Field(ge=1, le=5)]], Field(min_length=1)] = [1, 2, 3, 4, 5]
-    suite: Annotated[list[str], Field(min_length=1)] | None = None
+    suite: Annotated[list[str], Field(min_length=1)] | str | None = None
     frames: Int = Field(5, ge=2)
     seed: Int = 0
     bounds: Annotated[list[Number], Field(min_length=2, max_length=2)] | None = None
 
     @field_validator("suite")
     @classmethod
-    def _known(cls, names: list[str] | None) -> list[str] | None:
-        from .corruptions import SUITE
+    def _known(cls, names: list[str] | str | None) -> list[str] | str | None:
+        from .corruptions import ALIASES, CORRUPTIONS, SUITES
 
-        known = [c.name for c in SUITE]
+        if isinstance(names, str):
+            if names not in SUITES:
+                c = closest(names, list(SUITES))
+                raise PydanticCustomError("option", "must be a suite ({listed}) or a list of corruptions; got "
+                                          "{given}{hint}", {"listed": ", ".join(repr(k) for k in SUITES),
+                                                            "given": repr(names),
+                                                            "hint": f"; did you mean {c!r}?" if c else "",
+                                                            "field": ""})
+            return names
+        known = [*CORRUPTIONS, *ALIASES]
         for n in names or []:
             if n not in known:
                 c = closest(n, known)
@@ -84,7 +188,15 @@ class CorruptionsSpec(StudySpec):
                                            "hint": f"; did you mean {c!r}?" if c else "", "field": ""})
         return names
 
+    def run(self, models: dict[str, nn.Module], task: Task, data: Any, attacks: AttackSpec | None,
+            target_fn: TargetFn | None) -> StudyResult:
+        from .corruptions import corruptions
 
+        return corruptions(_one(models, self), task, data, bounds=_box(self, attacks, "corruptions"),
+                           severities=self.severities, suite=self.suite, frames=self.frames, seed=self.seed)
+
+
+@register_study("noise_baseline")
 class NoiseBaselineSpec(StudySpec):
     """Noise matched per example in SSIM (or L2) to each attack's examples (Paschali et al.)."""
 
@@ -93,7 +205,15 @@ class NoiseBaselineSpec(StudySpec):
     noise: Literal["gaussian", "rician"] = "gaussian"
     seed: Int = 0
 
+    def run(self, models: dict[str, nn.Module], task: Task, data: Any, attacks: AttackSpec | None,
+            target_fn: TargetFn | None) -> StudyResult:
+        from .corruptions import noise_baseline
 
+        return noise_baseline(_one(models, self), task, data, attacks if attacks is not None else {}, match=self.match,
+                              noise=self.noise, seed=self.seed, target_fn=target_fn)
+
+
+@register_study("frequency")
 class FrequencySpec(StudySpec):
     """The attacks restricted to low / high DCT bands (Malik et al.)."""
 
@@ -102,23 +222,81 @@ class FrequencySpec(StudySpec):
     tile: Annotated[int, Strict(), Field(ge=1)] | Annotated[list[Annotated[int, Strict(), Field(ge=1)]],
                                                              Field(min_length=2, max_length=3)] | None = None
 
+    def run(self, models: dict[str, nn.Module], task: Task, data: Any, attacks: AttackSpec | None,
+            target_fn: TargetFn | None) -> StudyResult:
+        from .frequency import frequency
 
+        return frequency(_one(models, self), task, data, attacks if attacks is not None else {}, cutoff=self.cutoff,
+                         tile=self.tile, target_fn=target_fn)
+
+
+@register_study("models")
 class ModelsSpec(StudySpec):
     """Clean vs robust over several models (Paschali et al.); ``models`` names them (default: all)."""
 
     study: Literal["models"]
     models: Annotated[list[str], Field(min_length=1)] | None = None
 
+    def run(self, models: dict[str, nn.Module], task: Task, data: Any, attacks: AttackSpec | None,
+            target_fn: TargetFn | None) -> StudyResult:
+        from .models import models as models_study
 
+        return models_study(_pick(models, self.models, "models"), task, data, attacks if attacks is not None else {},
+                            target_fn=target_fn)
+
+
+@register_study("correlation")
 class CorrelationSpec(StudySpec):
-    """Feature embedding from ``layer`` (``null``: the logits) and label co-occurrence under attack (Xu et al.)."""
+    """Feature embedding from ``layer`` (``null``: the logits) and label co-occurrence under attack (Xu et al.).
+
+    ``embedding``: ``pca`` and/or ``tsne`` (each fitted jointly on all groups). ``train``: the model's training data
+    as a ``data:`` section of a built-in source (``{source: synthetic, n: 200, kwargs: {...}}``, ``mni152``, or
+    ``npz`` with an absolute path): Xu et al.'s control group in the embedding and the kNN probe's reference
+    (without it: no train group). ``noise``: the noisy control matches each adversarial perturbation's ``l2`` or
+    ``linf`` norm. ``seed``: the noise and t-SNE. ``knn``: neighbours of the separability score and the probe."""
 
     study: Literal["correlation"]
     layer: str | None = Field(None, min_length=1)
     label_names: list[str] | None = None
     max_points: Int = Field(2000, ge=2)
+    embedding: Annotated[list[Literal["pca", "tsne"]], Field(min_length=1)] = ["pca", "tsne"]
+    train: DataSection | None = None
+    noise: Literal["l2", "linf"] = "l2"
+    seed: Int = 0
+    perplexity: Number = Field(30.0, gt=0.0)
+    knn: Int = Field(5, ge=1)
+
+    @field_validator("train")
+    @classmethod
+    def _built_in(cls, train: Any) -> Any:
+        from pathlib import Path
+
+        from ..config_schema import FILE_SOURCES
+
+        if train is None:
+            return None
+        if train.source in FILE_SOURCES:
+            raise PydanticCustomError("train_data", "must be a built-in source (mni152, synthetic or npz): a study "
+                                      "holds its training samples in memory; got source {source!r}",
+                                      {"source": train.source})
+        if train.source == "npz" and not Path(train.path).is_absolute():
+            raise PydanticCustomError("train_path", "`path` must be absolute here: a study does not know the "
+                                      "config's folder; got {path!r}", {"path": train.path})
+        return train
+
+    def run(self, models: dict[str, nn.Module], task: Task, data: Any, attacks: AttackSpec | None,
+            target_fn: TargetFn | None) -> StudyResult:
+        from ..config import build_loader
+        from .correlation import correlation
+
+        train = None if self.train is None else build_loader(self.train.model_dump(), None, batch_size=16, task=task)
+        return correlation(_one(models, self), task, data, attacks if attacks is not None else {}, layer=self.layer,
+                           label_names=self.label_names, max_points=self.max_points, target_fn=target_fn,
+                           embedding=self.embedding, train_data=train, noise=self.noise, seed=self.seed,
+                           perplexity=self.perplexity, knn=self.knn)
 
 
+@register_study("certify")
 class CertifySpec(StudySpec):
     """Randomized-smoothing certificates vs. an attack on the same smoothed model (Cohen et al. 2019, Salman et
     al. 2019): :func:`medadv.studies.certify.certify`. ``sigma`` and ``radii`` in data units (L2); ``bounds``: the
@@ -146,13 +324,49 @@ class CertifySpec(StudySpec):
                                       "element, e.g. tau: 0.75); use `correction: bonferroni` without it")
         return self
 
+    def run(self, models: dict[str, nn.Module], task: Task, data: Any, attacks: AttackSpec | None,
+            target_fn: TargetFn | None) -> StudyResult:
+        from .certify import certify
 
-#: study name -> its schema
-STUDY_SPECS: dict[str, type[StudySpec]] = {
-    "classwise": ClasswiseSpec, "transfer": TransferSpec, "corruptions": CorruptionsSpec,
-    "noise_baseline": NoiseBaselineSpec, "frequency": FrequencySpec, "models": ModelsSpec,
-    "correlation": CorrelationSpec, "certify": CertifySpec,
-}
+        return certify(_one(models, self), task, data, sigma=self.sigma, radii=self.radii, n0=self.n0, n=self.n,
+                       alpha=self.alpha, batch_size=self.batch_size, correction=self.correction, tau=self.tau,
+                       seed=self.seed, empirical=self.empirical, empirical_steps=self.empirical_steps,
+                       draws=self.draws, bounds=_box(self, attacks, "certify", required=False))
+
+
+
+
+@register_study("saliency")
+class SaliencySpec(StudySpec):
+    """Explanation maps before and after each attack, model × method (Zhang et al. 2024, Tables 1–2):
+    :func:`medadv.studies.saliency.saliency`. ``explanations``: method names (default: all registered);
+    ``models``: which models (default: all)."""
+
+    study: Literal["saliency"]
+    explanations: Annotated[list[str], Field(min_length=1)] | None = None
+    models: Annotated[list[str], Field(min_length=1)] | None = None
+    max_samples: Annotated[int, Strict(), Field(ge=1)] | None = None
+
+    @field_validator("explanations")
+    @classmethod
+    def _known(cls, names: list[str] | None) -> list[str] | None:
+        from ..explain import available_explanations
+
+        known = available_explanations()
+        for n in names or []:
+            if n not in known:
+                c = closest(n, known)
+                raise PydanticCustomError("option", "must be one of {listed}; got {given}{hint}",
+                                          {"listed": ", ".join(repr(k) for k in known), "given": repr(n),
+                                           "hint": f"; did you mean {c!r}?" if c else "", "field": ""})
+        return names
+
+    def run(self, models: dict[str, nn.Module], task: Task, data: Any, attacks: AttackSpec | None,
+            target_fn: TargetFn | None) -> StudyResult:
+        from .saliency import saliency
+
+        return saliency(_pick(models, self.models, "models"), task, data, attacks if attacks is not None else {},
+                        explanations=self.explanations, max_samples=self.max_samples, target_fn=target_fn)
 
 
 def validate_study(entry: Any, where: Sequence[str | int] = ("studies",)) -> StudySpec:
@@ -214,9 +428,7 @@ def _pick(models: dict[str, nn.Module], names: list[str] | None, what: str) -> d
 def _one(models: dict[str, nn.Module], spec: StudySpec) -> nn.Module:
     if spec.model is not None:
         return _pick(models, [spec.model], "model")[spec.model]
-    if len(models) != 1:
-        raise ValueError(f"study {spec.study!r} runs on one model: give `model:` (one of {', '.join(models)})")
-    return next(iter(models.values()))
+    return next(iter(models.values()))  # the first: a config's evaluated `model`
 
 
 def run_study(name: str, spec: Mapping[str, Any] | StudySpec | None, model: nn.Module | Mapping[str, nn.Module],
@@ -240,50 +452,9 @@ def run_study(name: str, spec: Mapping[str, Any] | StudySpec | None, model: nn.M
         s = spec
     else:
         s = validate_study({"study": name, **dict(spec or {})}, ("studies", name))
-    models = _models(model)
-    from .classwise import classwise
-    from .correlation import correlation
-    from .corruptions import corruptions, noise_baseline
-    from .frequency import frequency
-    from .models import models as models_study
-    from .transfer import transfer
-
-    if isinstance(s, ClasswiseSpec):
-        return classwise(_one(models, s), task, data, attacks, class_names=s.class_names, target_fn=target_fn)
-    if isinstance(s, TransferSpec):
-        return transfer(_pick(models, s.surrogates, "surrogates"), _pick(models, s.targets, "targets"), task, data,
-                        attacks if attacks is not None else {}, target_fn=target_fn)
-    if isinstance(s, CertifySpec):
-        from .certify import certify
-
-        if "bounds" in s.model_fields_set:
-            box: Any = None if s.bounds is None else (s.bounds[0], s.bounds[1])
-        else:
-            named = named_attacks(attacks)
-            box = named[0][1].box if named else None
-        return certify(_one(models, s), task, data, sigma=s.sigma, radii=s.radii, n0=s.n0, n=s.n, alpha=s.alpha,
-                       batch_size=s.batch_size, correction=s.correction, tau=s.tau, seed=s.seed,
-                       empirical=s.empirical, empirical_steps=s.empirical_steps, draws=s.draws, bounds=box)
-    if isinstance(s, CorruptionsSpec):
-        if "bounds" in s.model_fields_set:
-            bounds: Any = None if s.bounds is None else (s.bounds[0], s.bounds[1])
-        else:
-            named = named_attacks(attacks)
-            if not named:
-                raise ValueError("the corruptions study needs the data box: give `bounds: [lo, hi]` (or null for "
-                                 "unbounded data), or attacks whose box it takes")
-            bounds = named[0][1].box
-        return corruptions(_one(models, s), task, data, bounds=bounds, severities=s.severities, suite=s.suite,
-                           frames=s.frames, seed=s.seed)
-    if isinstance(s, NoiseBaselineSpec):
-        return noise_baseline(_one(models, s), task, data, attacks if attacks is not None else {}, match=s.match,
-                              noise=s.noise, seed=s.seed, target_fn=target_fn)
-    if isinstance(s, FrequencySpec):
-        return frequency(_one(models, s), task, data, attacks if attacks is not None else {}, cutoff=s.cutoff,
-                         tile=s.tile, target_fn=target_fn)
-    if isinstance(s, ModelsSpec):
-        return models_study(_pick(models, s.models, "models"), task, data, attacks if attacks is not None else {},
-                            target_fn=target_fn)
-    assert isinstance(s, CorrelationSpec)
-    return correlation(_one(models, s), task, data, attacks if attacks is not None else {}, layer=s.layer,
-                       label_names=s.label_names, max_points=s.max_points, target_fn=target_fn)
+    result = s.run(_models(model), task, data, attacks, target_fn)
+    # a VAFA attack's frequency reading depends on its renormalisation: every study that ran one says which
+    add_notes(result.meta, renormalization_notes(named_attacks(attacks)))
+    if s.title is not None:
+        result.meta["title"] = s.title
+    return result

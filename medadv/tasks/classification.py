@@ -128,7 +128,8 @@ class MultiClass(Task):
     def outcome(self, logits: Tensor, y: Tensor, pred: Tensor | None = None) -> Outcome:
         pred = self.predict(logits) if pred is None else pred
         correct = pred == y
-        return Outcome(pred, ~correct, {"pred": pred, "correct": correct})
+        # the softmax scores give the dataset-level macro one-vs-rest AUC (Results.summary, Xu et al. §5.1)
+        return Outcome(pred, ~correct, {"pred": pred, "correct": correct, "scores": logits.softmax(dim=1)})
 
     def sample_columns(self, y: Tensor, clean: Outcome, adv: Outcome) -> dict[str, Tensor]:
         return {"label": y, **super().sample_columns(y, clean, adv)}

@@ -245,7 +245,7 @@ def test_registry_builds_by_name_and_mapping_with_did_you_mean():
     from medadv.params import InvalidParameterError
 
     assert available_explanations() == ["gradcam", "gradient", "gradient_x_input", "guided_backprop", "guided_gradcam",
-                                       "integrated_gradients", "smoothgrad"]
+                                       "integrated_gradients", "smoothgrad", "xrai"]
     assert isinstance(get_explanation("Gradient"), Gradient)
     cam = get_explanation({"name": "gradcam", "layer": "features.denseblock4"})
     assert isinstance(cam, GradCAM) and cam.layer == "features.denseblock4"

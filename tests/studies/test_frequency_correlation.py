@@ -93,3 +93,26 @@ def test_correlation_multiclass_and_segmentation_counts(trained_multiclass, trai
     s = trained_seg3d
     r = correlation(s.model, s.task, (s.x, s.y), [FGSM(s.task, Linf(0.1, bounds=(0.0, 1.0)))])
     assert sum(row["clean_count"] for row in r.rows) == s.y.numel()  # voxels per predicted class
+
+
+def test_frequency_notes_vafa_renormalisation(voxel_model):
+    from medadv import VAFA, Box
+    from medadv.report.html import _study_section
+    from medadv.tasks import Segmentation
+
+    task = Segmentation(3)
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 3, (2, 8, 8, 8), generator=g)
+    x = (torch.tensor([0.1, 0.5, 0.9])[y] + 0.05 * torch.randn(2, 8, 8, 8, generator=g)).clamp(0, 1).unsqueeze(1)
+    kw = dict(block=4, steps=2, use_ssim=False)
+    on = frequency(voxel_model, task, (x, y), {"vafa": VAFA(task, Box(0.0, 1.0), **kw)})
+    off = frequency(voxel_model, task, (x, y), {"vafa": VAFA(task, Box(0.0, 1.0), renormalize="none", **kw)})
+    plain = frequency(voxel_model, task, (x, y), {"pgd": PGD(task, Linf(0.1, bounds=(0.0, 1.0)), steps=2)})
+    assert len(on.meta["notes"]) == 1 and "renormalisation ON" in on.meta["notes"][0]
+    assert "slice_minmax" in on.meta["notes"][0] and "low-frequency" in on.meta["notes"][0]
+    assert len(off.meta["notes"]) == 1 and "renormalisation OFF" in off.meta["notes"][0]
+    assert "notes" not in plain.meta  # the control: no VAFA, no note
+    # the report section prints them
+    sec = _study_section(on, None)
+    assert any(type(b).__name__ == "Bullets" and b.items == on.meta["notes"] for b in sec.blocks)
+    assert not any(type(b).__name__ == "Bullets" for b in _study_section(plain, None).blocks)

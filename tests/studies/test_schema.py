@@ -7,11 +7,36 @@ import pytest
 from medadv import FGSM, Linf, MultiClass
 from medadv.config_schema import ConfigError
 from medadv.studies import STUDY_SPECS, classwise, run_study, validate_studies
-from medadv.studies.base import STUDIES
+from medadv.studies.schema import StudySpec, register_study
 
 
-def test_every_study_has_a_schema():
-    assert set(STUDY_SPECS) == set(STUDIES)
+def test_every_registered_study_runs_and_is_drawn():
+    from medadv.report.html import _STUDIES
+
+    for name, spec in STUDY_SPECS.items():
+        assert spec.model_fields["study"].annotation.__args__ == (name,), name  # Literal[name]
+        assert spec.run is not StudySpec.run, f"{name} does not define run()"
+        assert name in _STUDIES, f"the report has no section for study {name!r}"
+
+
+def test_register_study_refuses_a_second_class_under_a_taken_name():
+    with pytest.raises(ValueError, match="already registered"):
+        @register_study("classwise")
+        class Other(StudySpec):
+            pass
+    with pytest.raises(TypeError, match="StudySpec subclass"):
+        register_study("x")(int)
+
+
+def test_title_is_the_report_heading(trained_multiclass, tmp_path):
+    from medadv.report import write_html_report
+
+    t = trained_multiclass
+    r = run_study("classwise", {"title": "Table 3: class-wise recall"}, t.model, t.task, (t.x, t.y),
+                  {"fgsm": FGSM(t.task, Linf(0.1, bounds=(0, 1)))})
+    assert r.meta["title"] == "Table 3: class-wise recall"
+    html = write_html_report(None, tmp_path, studies=[r]).read_text()
+    assert "Table 3: class-wise recall" in html
 
 
 def test_validate_studies_reports_every_mistake_with_its_place():
@@ -43,8 +68,11 @@ def test_run_study_is_the_function_call(toy_pair, trained_multiclass):
                   {"A": a, "B": b}, task, (x, y), atk)
     assert r.meta["bounds"] == "(0, 1)"
     assert run_study("models", None, {"A": a, "B": b}, task, (x, y), atk).meta["models"] == ["A", "B"]
-    with pytest.raises(ValueError, match="give `model:`"):
-        run_study("frequency", {}, {"A": a, "B": b}, task, (x, y), atk)
+    # a single-model study on several models runs on the first (a config's evaluated `model`) unless told
+    assert run_study("frequency", {}, {"A": a, "B": b}, task, (x, y), atk).rows == \
+        run_study("frequency", {}, a, task, (x, y), atk).rows
+    assert run_study("frequency", {"model": "B"}, {"A": a, "B": b}, task, (x, y), atk).rows == \
+        run_study("frequency", {}, b, task, (x, y), atk).rows
     with pytest.raises(ValueError, match="did you mean 'B'"):
         run_study("transfer", {"targets": ["b"]}, {"A": a, "B": b}, task, (x, y), atk)
     with pytest.raises(ValueError, match="needs the data box"):

@@ -1,0 +1,500 @@
+"""Defenses compared under the same attacks (Xu et al. 2021, Table 5): one trained copy per training strategy.
+
+Xu, Zhang, Li, Liu, Zhang. "Towards evaluating the robustness of deep diagnostic models by adversarial attack",
+Medical Image Analysis 2021, Table 5: the natural model ("None" on clean images, "Attack" under PGD), standard
+(Madry) adversarial training, MPAdvT and MAAdvT, all evaluated under the same attack.
+
+For every strategy the study takes a fresh deep copy of the given model (``init="copy"``: its weights, so the
+strategy *fine-tunes* the given model, the practical choice on a CPU; ``init="reset"``: every submodule's
+``reset_parameters()`` under the study's seed, i.e. training from scratch as Xu et al. do), trains it on the
+training data with that strategy, then attacks it white-box with every attack and reports the task's robust
+metric (accuracy / exact match / mean Dice) clean and attacked. The caller's model is never modified.
+
+Strategies are named by their :class:`~medadv.defenses.base.TrainingStrategy` ``name`` (``pgd_at``,
+``mpadvt``, ``maadvt``, ``trades``, ``vaft``, ``gaussian``, and any subclass defined later: the names are read
+from the class hierarchy, not from a list kept here) plus ``none``: plain training on clean data with the same
+recipe (optimiser, epochs, data order), the control that isolates the adversarial part. ``{name: none,
+epochs: 0}`` is the given model unchanged (with ``init="copy"``): Xu et al.'s "None"/"Attack" rows.
+
+Training data: ``train_data`` (an ``(x, y)`` pair or any batches; the study's evaluation then runs on the whole
+``data``), or else the first ``train_split`` share of ``data``'s samples trains and the rest evaluates (no
+shuffling: shuffle the data first if it is ordered by class). The training split is held in memory.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+import torch
+from pydantic import Field, Strict, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+from torch import Tensor, nn
+
+from ..config_schema import Budget, DataSection, parse_budget
+from ..params import InvalidParameterError, closest
+from ..report.html import (
+    Bullets,
+    Section,
+    StudyLike,
+    _bars,
+    _key,
+    _legend_top,
+    _plt,
+    _study_metric,
+    _table,
+    figure_image,
+    study_section,
+)
+from ..runtime import model_device
+from ..tasks import Task
+from ..threats import Box, Linf, Threat
+from ._common import (
+    AttackSpec,
+    TargetFn,
+    add_notes,
+    attacked_batches,
+    batches,
+    check_model,
+    check_task,
+    forward,
+    named_attacks,
+    renormalization_notes,
+    robust_metric,
+)
+from .base import StudyResult
+from .schema import StudySpec, _box, _one, register_study
+
+if TYPE_CHECKING:
+    from ..defenses.base import TrainingStrategy
+
+__all__ = ["defenses", "strategy_classes", "build_strategy", "DefensesSpec", "split_train_eval", "gather"]
+
+#: the strategy name for plain (clean) training with the same recipe
+NONE = "none"
+#: keys of a strategy entry that belong to the study, not to the strategy's constructor
+_STUDY_KEYS = ("name", "id", "epochs", "lr", "eps")
+
+
+# --- the strategies ---------------------------------------------------------------------------------------------
+def strategy_classes() -> dict[str, type[TrainingStrategy]]:
+    """``{name: TrainingStrategy subclass}`` of every concrete strategy defined so far (``medadv.defenses``
+    imported first), read from the class hierarchy: a subclass that sets its own ``name`` is a strategy of that
+    name (medadv's own class wins a name clash)."""
+    from .. import defenses as _defenses  # noqa: F401  (defines the built-in strategies)
+    from ..defenses.base import TrainingStrategy
+
+    out: dict[str, type[TrainingStrategy]] = {}
+    todo: list[type[TrainingStrategy]] = list(TrainingStrategy.__subclasses__())
+    while todo:
+        cls = todo.pop(0)
+        todo.extend(cls.__subclasses__())
+        name = cls.__dict__.get("name")
+        if not isinstance(name, str) or name in ("strategy", NONE) or inspect.isabstract(cls):
+            continue
+        if name in out and out[name].__module__.startswith("medadv.") and not cls.__module__.startswith("medadv."):
+            continue
+        out[name] = cls
+    return out
+
+
+def _required(cls: type) -> list[str]:
+    """Constructor arguments of a strategy without a default that the study does not supply."""
+    sig = inspect.signature(cls.__init__)  # type: ignore[misc]
+    return [n for n, p in sig.parameters.items()
+            if n != "self" and p.default is inspect.Parameter.empty
+            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and n not in getattr(cls, "positional", ())]
+
+
+def normalize_entry(entry: Any, known: Mapping[str, type[TrainingStrategy]] | None = None) -> dict[str, Any]:
+    """A ``strategies`` entry (a name, or a mapping with ``name`` and options) as a checked mapping.
+
+    Raises ``ValueError`` naming the entry's mistake (unknown name or parameter, a missing required one)."""
+    known = strategy_classes() if known is None else known
+    if isinstance(entry, str):
+        entry = {"name": entry}
+    if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
+        raise ValueError(f"a strategy is a name or a mapping with `name:`; got {entry!r}")
+    out = dict(entry)
+    name = out["name"]
+    names = [NONE, *known]
+    if name not in names:
+        c = closest(name, names)
+        raise ValueError(f"unknown strategy {name!r}{f'; did you mean {c!r}?' if c else ''} "
+                         f"(strategies: {', '.join(names)})")
+    if "id" in out and (not isinstance(out["id"], str) or not out["id"]):
+        raise ValueError(f"`id` of strategy {name!r} must be non-empty text; got {out['id']!r}")
+    if "epochs" in out and (isinstance(out["epochs"], bool) or not isinstance(out["epochs"], int)
+                            or out["epochs"] < 0):
+        raise ValueError(f"`epochs` of strategy {name!r} must be an integer >= 0; got {out['epochs']!r}")
+    if "eps" in out:
+        try:
+            out["eps"] = parse_budget(out["eps"])  # a number or a fraction such as 4/255, in data units
+        except PydanticCustomError:
+            raise ValueError(f"`eps` of strategy {name!r} must be a number >= 0 or a fraction such as 4/255; got "
+                             f"{out['eps']!r}") from None
+    v = out.get("lr")
+    if "lr" in out and (isinstance(v, bool) or not isinstance(v, int | float) or not v > 0):
+        raise ValueError(f"`lr` of strategy {name!r} must be a number > 0; got {v!r}")
+    params = {k: v for k, v in out.items() if k not in _STUDY_KEYS}
+    if name == NONE:
+        if params or "eps" in out:
+            extra = sorted(params) + (["eps"] if "eps" in out else [])
+            raise ValueError(f"strategy 'none' (clean training) takes only `epochs`, `lr` and `id`; got {extra}")
+        return out
+    cls = known[name]
+    try:
+        cls.check_kwargs(params, what=f"strategy {name!r}")
+    except InvalidParameterError as e:
+        raise ValueError(str(e)) from None
+    missing = [n for n in _required(cls) if n not in params]
+    if missing:
+        raise ValueError(f"strategy {name!r} needs {', '.join(f'`{m}`' for m in missing)} (e.g. "
+                         f"{{name: {name}, {missing[0]}: ...}})")
+    if "eps" in out and "threat" not in getattr(cls, "positional", ()):
+        raise ValueError(f"`eps` of strategy {name!r}: it takes no threat model (only strategies with a fixed ball, "
+                         "such as pgd_at, maadvt, trades, take a training ε)")
+    return out
+
+
+def label_of(entry: Mapping[str, Any]) -> str:
+    """The row label of a strategy entry: its ``id``, else its name."""
+    return str(entry.get("id") or entry["name"])
+
+
+def build_strategy(entry: Mapping[str, Any], *, threat: Threat | None, box: Box | None) -> TrainingStrategy | None:
+    """The :class:`~medadv.defenses.base.TrainingStrategy` of a (normalised) entry; ``None`` for ``none``.
+
+    Args:
+        entry: ``{name, ...its parameters}`` (see :func:`normalize_entry`); ``eps`` (data units) replaces the
+            ε of ``threat`` for this strategy.
+        threat: the training ball of strategies with a ``threat`` argument (PGD-AT, MAAdvT, TRADES).
+        box: the data box of strategies with a ``box`` argument (MPAdvT; VAFT's default attack).
+    """
+    entry = normalize_entry(entry)
+    name = entry["name"]
+    if name == NONE:
+        return None
+    cls = strategy_classes()[name]
+    params = {k: v for k, v in entry.items() if k not in _STUDY_KEYS}
+    args: list[Any] = []
+    for p in getattr(cls, "positional", ()):
+        if p == "threat":
+            if threat is None and "eps" not in entry:
+                raise ValueError(f"strategy {name!r} trains in an ε-ball: give `eps:` (data units) in the study or the "
+                                 "entry, or an ε-ball attack whose threat model it takes")
+            if "eps" in entry:
+                kind = type(threat) if threat is not None else Linf
+                t_box = threat.box if threat is not None else box
+                if t_box is None:
+                    raise ValueError(f"strategy {name!r} needs the data box: give `bounds: [lo, hi]`")
+                threat = kind(float(entry["eps"]), bounds=t_box)
+            args.append(threat)
+        elif p == "box":
+            if box is None:
+                raise ValueError(f"strategy {name!r} needs the data box: give `bounds: [lo, hi]`, or attacks whose "
+                                 "box it takes")
+            args.append(box)
+        else:
+            raise ValueError(f"strategy {name!r} takes a `{p}` argument the defenses study cannot build; train it "
+                             "with medadv.defenses.AdversarialTrainer directly")
+    if "box" in cls.param_names() and "box" not in params and "box" not in cls.positional:
+        if box is None:
+            raise ValueError(f"strategy {name!r} needs the data box: give `bounds: [lo, hi]`")
+        params["box"] = box
+    try:
+        return cls(*args, **params)
+    except (InvalidParameterError, TypeError) as e:
+        raise ValueError(f"strategy {label_of(entry)!r}: {e}") from None
+
+
+# --- data -------------------------------------------------------------------------------------------------------
+def gather(data: Any, what: str = "data") -> tuple[Tensor, Tensor]:
+    """Every batch of ``data`` concatenated on the CPU: ``(x, y)``."""
+    xs, ys = [], []
+    for x, y in batches(data):
+        xs.append(x.detach().cpu())
+        ys.append(y.detach().cpu())
+    if not xs:
+        raise ValueError(f"`{what}` is empty")
+    return torch.cat(xs), torch.cat(ys)
+
+
+def split_train_eval(data: Any, train_data: Any, train_split: float | None, batch_size: int
+                     ) -> tuple[tuple[Tensor, Tensor], Any, dict[str, Any]]:
+    """``((x_train, y_train), eval_data, meta)``.
+
+    With ``train_data`` the training set is all of it and ``data`` evaluates as given; otherwise the first
+    ``round(train_split · n)`` samples of ``data`` train and the rest, in batches of ``batch_size``, evaluate.
+    """
+    if train_data is not None:
+        if train_split is not None:
+            raise ValueError("give either `train_data` (a separate training set) or `train_split` (a share of "
+                             "`data`), not both")
+        x, y = gather(train_data, "train_data")
+        return (x, y), data, {"train": "train_data", "n_train": int(x.shape[0])}
+    split = 0.5 if train_split is None else train_split
+    if isinstance(split, bool) or not isinstance(split, int | float) or not 0.0 < float(split) < 1.0:
+        raise ValueError(f"`train_split` must be a number in (0, 1) (the share of `data` that trains); got {split!r}")
+    x, y = gather(data)
+    k = int(round(float(split) * x.shape[0]))
+    if not 0 < k < x.shape[0]:
+        raise ValueError(f"`train_split` {split} of {x.shape[0]} samples leaves no training or no evaluation "
+                         "sample; give more data or another split")
+    xe, ye = x[k:], y[k:]
+    ev = [(xe[i:i + batch_size], ye[i:i + batch_size]) for i in range(0, xe.shape[0], batch_size)]
+    return (x[:k], y[:k]), ev, {"train": f"first {k} of {x.shape[0]} samples of data (train_split {split})",
+                                "n_train": k, "n_eval": int(x.shape[0] - k)}
+
+
+# --- the model copies -------------------------------------------------------------------------------------------
+def initial_copy(model: nn.Module, init: str, seed: int) -> nn.Module:
+    """A deep copy of ``model``: its weights (``"copy"``) or re-initialised under ``seed`` (``"reset"``).
+
+    ``"reset"`` calls every submodule's ``reset_parameters()`` with the global RNG forked and seeded (the
+    caller's random stream is untouched); a submodule with parameters of its own and no ``reset_parameters``
+    cannot be re-initialised soundly and is refused."""
+    if init not in ("copy", "reset"):
+        raise ValueError(f"`init` must be 'copy' or 'reset'; got {init!r}")
+    net = copy.deepcopy(model)
+    if init == "copy":
+        return net
+    for name, m in net.named_modules():
+        if any(True for _ in m.parameters(recurse=False)) and not callable(getattr(m, "reset_parameters", None)):
+            raise ValueError(f"`init: reset` cannot re-initialise submodule {name or '(root)'!r} "
+                             f"({type(m).__name__}): it has parameters and no reset_parameters(); use `init: copy`")
+    dev = model_device(net)
+    with torch.random.fork_rng(devices=[dev.index or 0] if dev.type == "cuda" else []):
+        torch.manual_seed(int(seed))
+        for m in net.modules():
+            reset = getattr(m, "reset_parameters", None)
+            if callable(reset):
+                reset()
+    return net
+
+
+def _train(net: nn.Module, task: Task, strategy: Any, x: Tensor, y: Tensor, *, epochs: int, lr: float,
+           batch_size: int, seed: int) -> list[float]:
+    from ..defenses.trainer import AdversarialTrainer
+    from ..training.supervised import SupervisedFitter
+
+    if epochs == 0:
+        return []
+    if strategy is None:
+        fitter: Any = SupervisedFitter(net, task, torch.optim.Adam(net.parameters(), lr=lr), epochs=epochs,
+                                       batch_size=batch_size, seed=seed, desc="train[none]")
+        history = fitter.run(x, y, model_device(net, x.device))
+    else:
+        history = AdversarialTrainer(net, task, strategy, epochs=epochs, batch_size=batch_size, lr=lr,
+                                     seed=seed).fit(x, y)
+    net.eval()
+    return [float(h) for h in history]
+
+
+# --- the study --------------------------------------------------------------------------------------------------
+DEFAULT_STRATEGIES: tuple[str, ...] = (NONE, "pgd_at", "mpadvt", "maadvt")  # Xu et al.'s Table 5 rows
+
+
+def defenses(
+    model: nn.Module,
+    task: Task,
+    data: Any,
+    attacks: AttackSpec,
+    *,
+    strategies: Sequence[str | Mapping[str, Any]] = DEFAULT_STRATEGIES,
+    train_data: Any = None,
+    train_split: float | None = None,
+    init: Literal["copy", "reset"] = "copy",
+    epochs: int = 3,
+    lr: float = 1e-3,
+    batch_size: int = 16,
+    eps: float | None = None,
+    bounds: Box | tuple[float, float] | None = None,
+    seed: int = 0,
+    target_fn: TargetFn | None = None,
+) -> StudyResult:
+    """Train one copy of ``model`` per strategy, attack each with every attack (Xu et al. 2021, Table 5).
+
+    Args:
+        model: the natural model (left unchanged; copies are trained).
+        task, data, attacks, target_fn: as for ``evaluate``; the attacks are crafted on each trained copy.
+        strategies: names or ``{name: ..., id: ..., epochs: ..., lr: ..., eps: ..., **strategy parameters}``
+            (``none`` for clean training; see :func:`strategy_classes`). ``id`` labels the rows (two entries of
+            one strategy need distinct ids); ``epochs``/``lr`` override the study's for that entry.
+        train_data: a separate training set (``(x, y)`` or batches); else ``train_split`` of ``data`` trains.
+        train_split: share of ``data``'s samples, taken from the front, that trains (default 0.5 without
+            ``train_data``); the rest evaluates.
+        init: ``"copy"`` (fine-tune the given weights) or ``"reset"`` (re-initialise, train from scratch).
+        epochs: passes over the training data (0: no training).
+        lr: Adam learning rate.
+        batch_size: training minibatch size (and the evaluation batches of a ``train_split``).
+        eps: training ε in data units for strategies with a fixed ball (PGD-AT, MAAdvT, TRADES); default the
+            first ε-ball attack's ε (Xu et al. train and test at 4/255), with that attack's norm.
+        bounds: the data box ``(lo, hi)`` in data units for MPAdvT / VAFT and a given ``eps`` (default: the
+            attacks' box).
+        seed: seed of the data order, of every strategy's random draws and of ``init="reset"``.
+
+    Returns:
+        ``StudyResult("defenses")``: rows ``{strategy, attack, budget, clean, adv, drop_points}`` (the task's
+        robust metric, ``meta["metric"]``, averaged over the evaluation samples; ``drop_points = 100 (clean −
+        adv)``); ``meta["training"]`` holds each strategy's settings and per-epoch training loss,
+        ``meta["notes"]`` notes on the attacks (VAFA's renormalisation).
+    """
+    check_model(model)
+    check_task(task)
+    named = named_attacks(attacks)
+    if not named:
+        raise ValueError("`attacks` is empty: the defenses study compares the strategies under attack")
+    for k, v, low in (("epochs", epochs, 0), ("batch_size", batch_size, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ValueError(f"`{k}` must be an integer >= {low}; got {v!r}")
+    if isinstance(lr, bool) or not isinstance(lr, int | float) or not lr > 0:
+        raise ValueError(f"`lr` must be a number > 0; got {lr!r}")
+    known = strategy_classes()
+    entries = [normalize_entry(e, known) for e in strategies]
+    if not entries:
+        raise ValueError("`strategies` is empty")
+    labels = [label_of(e) for e in entries]
+    dup = sorted({n for n in labels if labels.count(n) > 1})
+    if dup:
+        raise ValueError(f"`strategies` has two entries labelled {dup[0]!r}: give them distinct `id`s")
+    if init == "reset":
+        untrained = [label_of(e) for e in entries if int(e.get("epochs", epochs)) == 0]
+        if untrained:
+            raise ValueError(f"`init: reset` with 0 epochs for {untrained} evaluates an untrained network; give "
+                             "epochs >= 1 or use `init: copy`")
+    ball = next((a.threat for _, a in named if isinstance(getattr(a, "threat", None), Threat)), None)
+    box = Box.coerce(bounds) if bounds is not None else named[0][1].box
+    threat = ball
+    if eps is not None:
+        threat = (type(ball) if ball is not None else Linf)(float(eps), bounds=ball.box if ball is not None else box)
+    (x_tr, y_tr), eval_data, split_meta = split_train_eval(data, train_data, train_split, batch_size)
+    task.validate(forward(model, x_tr[:2]), y_tr[:2].to(model_device(model)), "y")
+
+    rows: list[dict[str, Any]] = []
+    training: dict[str, Any] = {}
+    for entry, label in zip(entries, labels, strict=True):
+        strategy = build_strategy(entry, threat=threat, box=box)
+        n_epochs = int(entry.get("epochs", epochs))
+        net = initial_copy(model, init, seed)
+        loss = _train(net, task, strategy, x_tr, y_tr, epochs=n_epochs, lr=float(entry.get("lr", lr)),
+                      batch_size=batch_size, seed=seed)
+        training[label] = {"strategy": entry["name"], "repr": "clean training" if strategy is None else repr(strategy),
+                           "epochs": n_epochs, "lr": float(entry.get("lr", lr)), "loss": loss}
+        clean: list[Tensor] = []
+        adv: dict[int, list[Tensor]] = {i: [] for i in range(len(named))}
+        for batch in attacked_batches(net, task, eval_data, named, target_fn):
+            clean.append(robust_metric(task, batch.clean_logits, batch.y))
+            for i, att in enumerate(batch.attacked):
+                adv[i].append(robust_metric(task, att.result.logits, batch.y))
+        if not clean:
+            raise ValueError("`data` is empty: nothing to evaluate")
+        c = float(torch.cat(clean).mean())
+        for i, (aname, atk) in enumerate(named):
+            a = float(torch.cat(adv[i]).mean())
+            rows.append({"strategy": label, "attack": aname, "budget": atk.budget, "clean": c, "adv": a,
+                         "drop_points": 100.0 * (c - a)})
+    meta: dict[str, Any] = {"metric": task.robust_metric_name, "strategies": labels, "init": init, "epochs": epochs,
+                            "lr": lr, "batch_size": batch_size, "seed": seed, "training": training,
+                            "train_eps": None if threat is None else threat.eps, **split_meta}
+    add_notes(meta, renormalization_notes(named))
+    return StudyResult("defenses", rows, meta)
+
+
+# --- the config entry -------------------------------------------------------------------------------------------
+Int = Annotated[int, Strict()]
+Number = Annotated[float, Strict()]
+
+
+@register_study("defenses")
+class DefensesSpec(StudySpec):
+    """Training strategies compared under the config's attacks (Xu et al. 2021, Table 5): :func:`defenses`.
+
+    ``strategies``: names or mappings (``{name: pgd_at, steps: 4}``, ``{name: none, epochs: 0}``); ``train``: a
+    separate training set, a ``data:``-style mapping (file paths relative to the working directory), else
+    ``train_split`` (default 0.5) of the data trains; ``init``: ``copy`` (fine-tune) or ``reset`` (from
+    scratch); ``eps``: the training ε in data units (default: the first ε-ball attack's); ``bounds``: the data
+    box (default: the attacks' box)."""
+
+    study: Literal["defenses"]
+    strategies: Annotated[list[Any], Field(min_length=1)] = list(DEFAULT_STRATEGIES)
+    train: DataSection | None = None
+    train_split: Annotated[float, Strict(), Field(gt=0.0, lt=1.0)] | None = None
+    init: Literal["copy", "reset"] = "copy"
+    epochs: Int = Field(3, ge=0)
+    lr: Number = Field(1e-3, gt=0.0)
+    batch_size: Int = Field(16, ge=1)
+    eps: Budget | None = None
+    bounds: Annotated[list[Number], Field(min_length=2, max_length=2)] | None = None
+    seed: Int = 0
+
+    @field_validator("strategies")
+    @classmethod
+    def _known_strategies(cls, value: list[Any]) -> list[Any]:
+        known = strategy_classes()
+        out = []
+        for i, entry in enumerate(value):
+            try:
+                out.append(normalize_entry(entry, known))
+            except ValueError as e:
+                raise PydanticCustomError("strategy", "entry [{i}]: {why}", {"i": i, "why": str(e)}) from None
+        labels = [label_of(e) for e in out]
+        dup = sorted({n for n in labels if labels.count(n) > 1})
+        if dup:
+            raise PydanticCustomError("strategy", "has two entries labelled {n}: give them distinct `id`s",
+                                      {"n": repr(dup[0])})
+        return out
+
+    @model_validator(mode="after")
+    def _one_training_set(self) -> DefensesSpec:
+        if self.train is not None and self.train_split is not None:
+            raise PydanticCustomError("train_split", "give either `train` (a training data source) or `train_split` "
+                                      "(a share of the data), not both")
+        return self
+
+    def run(self, models: dict[str, nn.Module], task: Task, data: Any, attacks: AttackSpec | None,
+            target_fn: TargetFn | None) -> StudyResult:
+        train_data = None
+        if self.train is not None:
+            from ..config import build_loader
+
+            train_data = build_loader(self.train.model_dump(exclude_unset=True), None, batch_size=self.batch_size,
+                                      task=task, seed=self.seed)
+        box = _box(self, attacks, "defenses", required=False)
+        return defenses(_one(models, self), task, data, attacks if attacks is not None else {},
+                        strategies=self.strategies, train_data=train_data, train_split=self.train_split,
+                        init=self.init, epochs=self.epochs, lr=self.lr, batch_size=self.batch_size, eps=self.eps,
+                        bounds=box if box is None or isinstance(box, Box) else (box[0], box[1]), seed=self.seed,
+                        target_fn=target_fn)
+
+
+# --- the report section -----------------------------------------------------------------------------------------
+@study_section("defenses")
+def _study_defenses(study: StudyLike, class_names: Sequence[str] | None) -> Section:
+    metric = _study_metric(study)
+    rows = study.rows
+    strategies = list(dict.fromkeys(str(r["strategy"]) for r in rows))
+    settings = list(dict.fromkeys((r.get("attack"), r.get("budget")) for r in rows))
+    by = {(str(r["strategy"]), r.get("attack"), r.get("budget")): r for r in rows}
+    clean = [next((r.get("clean") for r in rows if str(r["strategy"]) == s), None) for s in strategies]
+    series: list[tuple[str, Sequence[Any]]] = [("clean", clean)]
+    for s in settings:
+        series.append((_key(*s), [by.get((st, *s), {}).get("adv") for st in strategies]))
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(max(5.5, 0.9 * len(strategies) * len(series) / 2 + 2.5), 3.8))
+    _bars(ax, strategies, series, metric, "training strategy: clean vs attacked", None)
+    _legend_top(fig, ax, 4)
+    meta = study.meta
+    train = meta.get("train")
+    intro = (f"One copy of the model per training strategy ({'fine-tuned from the given weights' if meta.get('init') == 'copy' else 'trained from scratch'}, "
+             f"{meta.get('epochs')} epochs, Adam lr {meta.get('lr')}; training data: {train}), each attacked "
+             f"white-box: {metric} clean and under every attack (Xu et al. 2021, Table 5). <code>none</code> is "
+             "clean training with the same recipe.")
+    blocks: list[Any] = []
+    if meta.get("notes"):
+        blocks.append(Bullets([str(n) for n in meta["notes"]], "warn"))
+    blocks += [figure_image(fig, "clean and attacked metric per training strategy"),
+               _table(rows, list(dict.fromkeys(k for r in rows for k in r)))]
+    return Section("study-defenses", f"Defenses (Xu et al. Table 5) · {metric}", intro, blocks)
