@@ -227,7 +227,7 @@ def _run_studies(cfg: dict[str, Any], model: Any, task: Any, data: Any, attacks:
         name = spec["study"]
         print(f"study {name} ...", file=sys.stderr)
         options = {k: v for k, v in spec.items() if k != "study"}
-        result = run_study(name, options, models, task, data, attacks, target_fn=target_fn)
+        result = run_study(name, options, models, task, data, attacks, target_fn=target_fn, base_dir=cfg["_dir"])
         result.to_json(out / f"study_{i}_{name}.json")
         done.append(result)
     return done

@@ -48,6 +48,12 @@ files inside the config's folder; anything else (``builder: "mypkg.nets:build"``
 are not an ``nn.Module`` class or a Python function returning one are refused as well, but these are
 guards against mistakes, not a sandbox: run only configs you would run as scripts.
 
+``model.train: {data: {source: mni152, ...}, epochs: 10, lr: 0.01}`` fits the network to built-in data with the
+task's loss before it is evaluated (weights cached in medadv's cache folder under a hash of the network, task,
+section and seed: :func:`trained_weights`); ``model.name`` names it for the studies; ``models: {name: {...}}``
+adds networks for the studies that compare models (:func:`study_models`). An ``attacks`` entry may give its own
+``budgets`` and ``target`` (:func:`build_target_fns`); ``report: {title, results}`` heads the HTML report.
+
 Data from files (:mod:`medadv.data.sources`) stream through MONAI transforms declared by class name, one
 batch at a time, each case named by its file (``case_id``)::
 

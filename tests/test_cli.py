@@ -186,7 +186,7 @@ def _check_evaluate_fails(tmp_path, capsys, message, **over):
 
 
 TOP_KEYS = ("model, task, data, threat, budgets, attacks, target, batch_size, output, seed, hd95, spacing, inference, "
-            "save_adversarial, cases, allow_code, allow_large_budgets, studies")
+            "save_adversarial, cases, allow_code, allow_large_budgets, studies, models, report")
 
 
 def test_misspelt_top_level_key_is_an_error_with_the_closest_key(tmp_path, capsys):
@@ -638,12 +638,13 @@ def test_evaluate_runs_the_config_studies_and_writes_report_html(trained_multila
 
 
 def test_studies_mistakes_are_one_line(tmp_path, capsys):
-    _check_evaluate_fails(tmp_path, capsys, "`studies[0].study` must be one of 'classwise', 'transfer', "
-                          "'corruptions', 'noise_baseline', 'frequency', 'models', 'correlation', 'certify'; got 'classwize'; "
+    from medadv.studies import STUDY_SPECS
+
+    names = ", ".join(repr(n) for n in STUDY_SPECS)
+    _check_evaluate_fails(tmp_path, capsys, f"`studies[0].study` must be one of {names}; got 'classwize'; "
                           "did you mean 'classwise'?", studies=["classwize"])
-    _check_evaluate_fails(tmp_path, capsys, "`studies`: 'transfer' compare several models, and a config names one: "
-                          "call medadv.studies.transfer / medadv.studies.models from Python with a {name: model} "
-                          "mapping", studies=["transfer"])
+    _check_evaluate_fails(tmp_path, capsys, "`studies`: 'transfer' compare several models, and the config names "
+                          "one: add `models: {name: {monai: ..., ...}}` (more networks by name)", studies=["transfer"])
 
 
 # --- issue 19: budgets in data units, output-folder errors, run records, code trust, symlinks -------------------------

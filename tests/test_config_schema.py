@@ -186,7 +186,7 @@ def test_load_config_fills_defaults_and_reports_yaml_errors(tmp_path):
     p.write_text(yaml.safe_dump(BASE).replace("- 0.1", "- 8/255"))
     cfg = load_config(p)
     assert cfg["budgets"] == [8 / 255] and cfg["batch_size"] == 8 and cfg["_dir"] == str(tmp_path.resolve())
-    assert cfg["attacks"] == [{"name": "fgsm", "id": None, "label": None}]
+    assert cfg["attacks"] == [{"name": "fgsm", "id": None, "label": None, "budgets": None, "target": None}]
     p.write_text("- a list\n- not a mapping\n")
     with pytest.raises(ConfigError, match="must be a YAML mapping"):
         load_config(p)

@@ -21,6 +21,12 @@ __all__ = ["GradCAM"]
 
 def _resolve_layer(model: nn.Module, layer: str) -> nn.Module:
     modules = dict(model.named_modules())
+    if layer == "auto":  # the last convolution: one setting for models whose layer names differ
+        convs = [m for m in modules.values() if isinstance(m, nn.Conv1d | nn.Conv2d | nn.Conv3d)]
+        if not convs:
+            raise ValueError("`layer: auto` found no convolution in the model: name the layer "
+                             f"(e.g. {list(modules)[1:6]})")
+        return convs[-1]
     if layer not in modules:
         raise ValueError(f"`layer` {layer!r} is not a submodule of the model; e.g. {list(modules)[1:6]}")
     return modules[layer]
@@ -41,7 +47,8 @@ class GradCAM(Explanation):
         layer: dotted name of the layer in the model (``model.named_modules()``), e.g.
             ``"features.norm5"`` for torchvision DenseNet-121 or ``"model.1.submodule"`` for MONAI. A
             name (not a module object) so the same explanation works on a deep-copied surrogate and can be
-            written in a config (``{name: gradcam, layer: features.denseblock4}``).
+            written in a config (``{name: gradcam, layer: features.denseblock4}``); ``"auto"``: the model's last
+            convolution (the same setting for models with different layer names).
         attribute_to_layer_input: use the layer's input instead of its output.
     """
 

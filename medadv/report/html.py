@@ -930,7 +930,13 @@ def _setting(values: Mapping[str, Any]) -> str:
 
 
 def _study_classwise(study: StudyLike, class_names: Sequence[str] | None) -> Section:
-    names = study.meta.get("classes") or class_names
+    own = study.meta.get("classes")
+    # the study's own names, unless it ran without any (indices) and the report has the config's
+    plain = own is None or list(own) == [str(i) for i in range(len(own))]
+    names = list(class_names) if class_names and plain and (own is None or len(own) == len(class_names)) else own
+
+    def label(c: Any) -> str:
+        return str(names[c]) if names and isinstance(c, int) and 0 <= c < len(names) else str(c)
     metric = _study_metric(study, "per-class metric")
     per_class = [r for r in study.rows if "target" not in r]  # targeted-success rows are drawn apart
     extra = [c for c in dict.fromkeys(k for r in per_class for k in r) if c not in _CLASSWISE_VALUES]
@@ -942,7 +948,7 @@ def _study_classwise(study: StudyLike, class_names: Sequence[str] | None) -> Sec
         fig, axes = _grid(len(keys) * (2 + has_cfns), 2 + has_cfns, 3.9 if has_cfns else 4.6, 3.0)
         for gi, key in enumerate(keys):
             rows = groups[key]
-            cls = [str(r.get("class")) for r in rows]
+            cls = [label(r.get("class")) for r in rows]
             title = _setting(dict(zip(extra, key, strict=True)))
             ax = axes[gi * (2 + has_cfns)]
             _bars(ax, cls, [("clean", [r.get("clean") for r in rows]), ("attacked", [r.get("adv") for r in rows])],
@@ -1109,6 +1115,11 @@ def _study_corruptions(study: StudyLike, class_names: Sequence[str] | None) -> S
         per.append({"corruption": "mean of all", "mean flip probability": _mean(r["mean flip probability"] for r in per),
                     f"mean {metric}": _mean(r[f"mean {metric}"] for r in per), "level unit": ""})
         blocks.append(_table(per, list(per[0]), "Flip probability and metric averaged over the severities run."))
+    rfp = study.meta.get("rfp") if isinstance(study.meta, Mapping) else None
+    if rfp:  # Xu et al.'s Table 4: each model's flip probability relative to the first model's
+        blocks.append(_table(rfp, ["model", "flip_probability", "rfp"],
+                             f"Relative flip probability: each model's mean flip probability over every corruption "
+                             f"and severity, divided by that of {rfp[0]['model']} (Xu et al., Table 4)."))
     blocks.append(_plain_table(study.rows, "all rows of the corruption study"))
     return Section("study-corruptions", "Common corruptions (Xu et al.)",
                    "Natural image degradations at five severities. The flip probability is the share of samples "

@@ -39,7 +39,7 @@ refuse volumes; the others also run on volumes (rotation and shear in the axial 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -65,7 +65,7 @@ from ._common import (
 from .base import StudyResult
 
 __all__ = ["Corruption", "SUITE", "XU2021", "CORRUPTIONS", "SUITES", "corruption_suite", "corruptions", "noise_baseline",
-           "sequence_flips"]
+           "sequence_flips", "relative_flip_probability"]
 
 # mean voxel displacement per unit of MONAI's elastic ``magnitude`` (measured on MONAI 1.6: control-point
 # spacing max(4, size/4) in 2-D, Gaussian σ = 3 voxels in 3-D), so that severity levels read in voxels
@@ -589,3 +589,17 @@ def noise_baseline(
                      **{c: mean(torch.cat(acc[i][c])) for c in cols}})
     return StudyResult("noise_baseline", rows, {"metric": task.robust_metric_name, "match": match, "noise": noise,
                                                 "seed": seed})
+
+
+def relative_flip_probability(results: Mapping[str, StudyResult]) -> list[dict[str, Any]]:
+    """Xu et al.'s relative flip probability (Table 4): each model's flip probability averaged over every
+    corruption and severity of its study, divided by that of the first (reference) model.
+
+    Rows ``{model, flip_probability, rfp}`` (``rfp`` ``None`` when the reference never flips)."""
+    means: dict[str, float | None] = {}
+    for name, r in results.items():
+        fps = [float(row["flip_probability"]) for row in r.rows if row.get("flip_probability") is not None]
+        means[name] = sum(fps) / len(fps) if fps else None
+    ref = next(iter(means.values()), None)
+    return [{"model": n, "flip_probability": fp,
+             "rfp": fp / ref if fp is not None and ref not in (None, 0.0) else None} for n, fp in means.items()]

@@ -458,10 +458,7 @@ class DefensesSpec(StudySpec):
             target_fn: TargetFn | None) -> StudyResult:
         train_data = None
         if self.train is not None:
-            from ..config import build_loader
-
-            train_data = build_loader(self.train.model_dump(exclude_unset=True), None, batch_size=self.batch_size,
-                                      task=task, seed=self.seed)
+            train_data = self.load(self.train, task, batch_size=self.batch_size, seed=self.seed)
         box = _box(self, attacks, "defenses", required=False)
         return defenses(_one(models, self), task, data, attacks if attacks is not None else {},
                         strategies=self.strategies, train_data=train_data, train_split=self.train_split,

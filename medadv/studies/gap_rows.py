@@ -204,10 +204,7 @@ class GapSpec(StudySpec):
             raise ValueError("give either `train` (a training data source) or `train_split`, not both")
         train_data = None
         if self.train is not None:
-            from ..config import build_loader
-
-            train_data = build_loader(self.train.model_dump(exclude_unset=True), None, batch_size=self.batch_size,
-                                      task=task, seed=self.seed)
+            train_data = self.load(self.train, task, batch_size=self.batch_size, seed=self.seed)
         box = _box(self, attacks, "gap", required=True)
         return gap(_one(models, self), task, data, budgets=_budgets(self.budgets, attacks),
                    bounds=box if box is None or isinstance(box, Box) else (box[0], box[1]), train_data=train_data,

@@ -31,9 +31,15 @@ SIMILARITIES = ("ssim", "spearman", "topk")
 
 
 def _explanations(names: Sequence[str | Mapping[str, Any] | Explanation] | None) -> dict[str, Explanation]:
-    if names is None:
-        names = list(available_explanations())
-    out: dict[str, Explanation] = {}
+    if names is None:  # every registered method that needs no parameter (Grad-CAM needs its layer)
+        out = {}
+        for n in available_explanations():
+            try:
+                out[n] = get_explanation(n)
+            except (TypeError, ValueError):
+                continue
+        return out
+    out = {}
     for spec in names:
         e = get_explanation(spec)
         label = spec if isinstance(spec, str) else str(spec.get("name")) if isinstance(spec, Mapping) else e.name
@@ -52,6 +58,7 @@ def saliency(
     *,
     explanations: Sequence[str | Mapping[str, Any] | Explanation] | None = None,
     max_samples: int | None = None,
+    matched: bool = False,
     target_fn: TargetFn | None = None,
 ) -> StudyResult:
     """How far each explanation method's map moves under each attack, for each model.
@@ -61,9 +68,12 @@ def saliency(
         task: the models' task (the explained class comes from :meth:`Task.explained_class`).
         data, attacks, target_fn: as for ``evaluate``.
         explanations: method names or ``{name: ..., **params}`` of :func:`medadv.explain.get_explanation`
-            (default: every registered method; methods that do not apply to the model, e.g. Grad-CAM without a
+            (default: every registered method that needs no parameter; methods that do not apply to the model, e.g. Grad-CAM without a
             convolutional layer, are refused by the method with its own message).
         max_samples: stop after this many samples (default: all of ``data``).
+        matched: an attack on an explanation (it has an ``explanation``) is compared on the method it attacked
+            only, the cells of Zhang et al.'s Table 2 (the other methods' maps are not computed for it);
+            prediction attacks are compared on every method.
 
     Returns:
         ``StudyResult("saliency")``: rows ``{model, explanation, attack, budget, ssim, spearman, topk,
@@ -101,7 +111,12 @@ def saliency(
                 pred_adv = task.predict(att.result.logits[:take])
                 changed = (pred_clean != pred_adv).reshape(take, -1).any(1).double().cpu()
                 target = getattr(att.result.details, "target_map", None)
-                for e, m in methods.items():
+                own = getattr(att.attack, "explanation", None) if matched else None
+                pairs = ({e: m for e, m in methods.items() if m.config() == own.config()} or {own.name: own}
+                         if isinstance(own, Explanation) else methods)
+                for e, m in pairs.items():
+                    if e not in clean_maps:
+                        clean_maps[e] = m(net, x, label).detach()
                     adv_map = m(net, xa, label).detach()
                     d = sims.setdefault((i, e), {k: [] for k in (*SIMILARITIES, "changed", "ssim_target", "d_pred",
                                                                  "d_sal")})
@@ -134,5 +149,6 @@ def saliency(
                 row["psc"] = psc(dp, ds) if dp.numel() >= 3 else None
             rows.append(row)
             matrix[mname].setdefault(aname, {})[e] = row.get("ssim")
-    return StudyResult("saliency", rows, {"ssim": matrix, "explanations": list(methods),
+    return StudyResult("saliency", rows, {"ssim": matrix,
+                                          "explanations": list(dict.fromkeys(r["explanation"] for r in rows)),
                                           "similarities": list(SIMILARITIES)})

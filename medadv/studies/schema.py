@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import Field, Strict, field_validator, model_validator
+from pydantic import Field, PrivateAttr, Strict, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 from torch import nn
 
@@ -44,11 +44,33 @@ class StudySpec(_Section):
     model: str | None = Field(None, min_length=1)
     #: the report's heading for this study (a paper's "Table 2", "Fig. 7: ..."); default: the study's own
     title: str | None = Field(None, min_length=1)
+    #: which of the config's attacks the study runs, by entry name (``pgd``, or one budget: ``pgd@0.0313725``);
+    #: default: all
+    attacks: Annotated[list[str], Field(min_length=1)] | None = None
+
+    #: the folder relative paths of the study's own data sections start from (a config's folder)
+    _base_dir: str | None = PrivateAttr(default=None)
 
     def run(self, models: dict[str, nn.Module], task: Task, data: Any, attacks: AttackSpec | None,
             target_fn: TargetFn | None) -> StudyResult:
         """Run the study on ``models`` (``{name: model}``) with these options."""
         raise NotImplementedError(f"{type(self).__name__} does not define run()")
+
+    def load(self, section: Any, task: Task, batch_size: int = 16, seed: int = 0) -> Any:
+        """The batches of one of the study's data sections (``train:``), any source of the config's ``data:``,
+        paths relative to the config's folder."""
+        from ..config import build_loader
+
+        return build_loader(section.model_dump(exclude_unset=True), self._base_dir, batch_size=batch_size, task=task,
+                            seed=seed)
+
+
+def _unknown_option(given: str, known: list[str]) -> PydanticCustomError:
+    """The error of an option that is not one of ``known``, with the closest one."""
+    c = closest(given, known)
+    return PydanticCustomError("option", "must be one of {listed}; got {given}{hint}",
+                               {"listed": ", ".join(repr(k) for k in known), "given": repr(given),
+                                "hint": f"; did you mean {c!r}?" if c else "", "field": ""})
 
 
 #: study name -> its schema (filled by :func:`register_study`)
@@ -156,9 +178,11 @@ class CorruptionsSpec(StudySpec):
     """Corruptions at severities 1..5 with the flip probability (Xu et al.). ``suite``: a suite name (``xu2021``
     / ``robust_benchmark``: the paper's 14 Robust-Benchmark sequences for 2-D images; ``default``: the MONAI
     MRI/CT corruptions; ``all``) or a list of corruption names. ``bounds``: the data box (default: the attacks'
-    box; ``null``: unbounded)."""
+    box; ``null``: unbounded). ``models``: also run every named model and give each its mean flip probability
+    relative to ``model``'s (Xu et al.'s RFP, Table 4), in ``meta["rfp"]``; the rows stay ``model``'s."""
 
     study: Literal["corruptions"]
+    models: Annotated[list[str], Field(min_length=1)] | None = None
     severities: Annotated[list[Annotated[int, Strict(), Field(ge=1, le=5)]], Field(min_length=1)] = [1, 2, 3, 4, 5]
     suite: Annotated[list[str], Field(min_length=1)] | str | None = None
     frames: Int = Field(5, ge=2)
@@ -182,18 +206,24 @@ class CorruptionsSpec(StudySpec):
         known = [*CORRUPTIONS, *ALIASES]
         for n in names or []:
             if n not in known:
-                c = closest(n, known)
-                raise PydanticCustomError("option", "must be one of {listed}; got {given}{hint}",
-                                          {"listed": ", ".join(repr(k) for k in known), "given": repr(n),
-                                           "hint": f"; did you mean {c!r}?" if c else "", "field": ""})
+                raise _unknown_option(n, known)
         return names
 
     def run(self, models: dict[str, nn.Module], task: Task, data: Any, attacks: AttackSpec | None,
             target_fn: TargetFn | None) -> StudyResult:
-        from .corruptions import corruptions
+        from .corruptions import corruptions, relative_flip_probability
 
-        return corruptions(_one(models, self), task, data, bounds=_box(self, attacks, "corruptions"),
-                           severities=self.severities, suite=self.suite, frames=self.frames, seed=self.seed)
+        box = _box(self, attacks, "corruptions")
+        ref = _one(models, self)
+        result = corruptions(ref, task, data, bounds=box, severities=self.severities, suite=self.suite,
+                             frames=self.frames, seed=self.seed)
+        if self.models is not None:
+            ref_name = self.model or next(iter(models))
+            others = {n: corruptions(m, task, data, bounds=box, severities=self.severities, suite=self.suite,
+                                     frames=self.frames, seed=self.seed)
+                      for n, m in _pick(models, self.models, "models").items() if n != ref_name}
+            result.meta["rfp"] = relative_flip_probability({ref_name: result, **others})
+        return result
 
 
 @register_study("noise_baseline")
@@ -250,8 +280,8 @@ class CorrelationSpec(StudySpec):
     """Feature embedding from ``layer`` (``null``: the logits) and label co-occurrence under attack (Xu et al.).
 
     ``embedding``: ``pca`` and/or ``tsne`` (each fitted jointly on all groups). ``train``: the model's training data
-    as a ``data:`` section of a built-in source (``{source: synthetic, n: 200, kwargs: {...}}``, ``mni152``, or
-    ``npz`` with an absolute path): Xu et al.'s control group in the embedding and the kNN probe's reference
+    as a ``data:`` section (``{source: mni152, n: 200, kwargs: {...}}``, any source; paths relative to the config's
+    folder): Xu et al.'s control group in the embedding and the kNN probe's reference
     (without it: no train group). ``noise``: the noisy control matches each adversarial perturbation's ``l2`` or
     ``linf`` norm. ``seed``: the noise and t-SNE. ``knn``: neighbours of the separability score and the probe."""
 
@@ -266,30 +296,11 @@ class CorrelationSpec(StudySpec):
     perplexity: Number = Field(30.0, gt=0.0)
     knn: Int = Field(5, ge=1)
 
-    @field_validator("train")
-    @classmethod
-    def _built_in(cls, train: Any) -> Any:
-        from pathlib import Path
-
-        from ..config_schema import FILE_SOURCES
-
-        if train is None:
-            return None
-        if train.source in FILE_SOURCES:
-            raise PydanticCustomError("train_data", "must be a built-in source (mni152, synthetic or npz): a study "
-                                      "holds its training samples in memory; got source {source!r}",
-                                      {"source": train.source})
-        if train.source == "npz" and not Path(train.path).is_absolute():
-            raise PydanticCustomError("train_path", "`path` must be absolute here: a study does not know the "
-                                      "config's folder; got {path!r}", {"path": train.path})
-        return train
-
     def run(self, models: dict[str, nn.Module], task: Task, data: Any, attacks: AttackSpec | None,
             target_fn: TargetFn | None) -> StudyResult:
-        from ..config import build_loader
         from .correlation import correlation
 
-        train = None if self.train is None else build_loader(self.train.model_dump(), None, batch_size=16, task=task)
+        train = None if self.train is None else self.load(self.train, task)
         return correlation(_one(models, self), task, data, attacks if attacks is not None else {}, layer=self.layer,
                            label_names=self.label_names, max_points=self.max_points, target_fn=target_fn,
                            embedding=self.embedding, train_data=train, noise=self.noise, seed=self.seed,
@@ -343,30 +354,35 @@ class SaliencySpec(StudySpec):
     ``models``: which models (default: all)."""
 
     study: Literal["saliency"]
-    explanations: Annotated[list[str], Field(min_length=1)] | None = None
+    explanations: Annotated[list[str | dict[str, Any]], Field(min_length=1)] | None = None
     models: Annotated[list[str], Field(min_length=1)] | None = None
     max_samples: Annotated[int, Strict(), Field(ge=1)] | None = None
+    matched: Annotated[bool, Strict()] = False
 
     @field_validator("explanations")
     @classmethod
-    def _known(cls, names: list[str] | None) -> list[str] | None:
-        from ..explain import available_explanations
+    def _known(cls, specs: list[str | dict[str, Any]] | None) -> list[str | dict[str, Any]] | None:
+        from ..explain import available_explanations, get_explanation
 
         known = available_explanations()
-        for n in names or []:
+        for spec in specs or []:
+            n = spec if isinstance(spec, str) else str(spec.get("name"))
+            if n in known and isinstance(spec, dict):
+                try:
+                    get_explanation(spec)  # its parameters, checked now
+                except (TypeError, ValueError) as e:
+                    raise PydanticCustomError("explanation", "{error}", {"error": str(e)}) from None
             if n not in known:
-                c = closest(n, known)
-                raise PydanticCustomError("option", "must be one of {listed}; got {given}{hint}",
-                                          {"listed": ", ".join(repr(k) for k in known), "given": repr(n),
-                                           "hint": f"; did you mean {c!r}?" if c else "", "field": ""})
-        return names
+                raise _unknown_option(n, known)
+        return specs
 
     def run(self, models: dict[str, nn.Module], task: Task, data: Any, attacks: AttackSpec | None,
             target_fn: TargetFn | None) -> StudyResult:
         from .saliency import saliency
 
         return saliency(_pick(models, self.models, "models"), task, data, attacks if attacks is not None else {},
-                        explanations=self.explanations, max_samples=self.max_samples, target_fn=target_fn)
+                        explanations=self.explanations, max_samples=self.max_samples, matched=self.matched,
+                        target_fn=target_fn)
 
 
 def validate_study(entry: Any, where: Sequence[str | int] = ("studies",)) -> StudySpec:
@@ -431,8 +447,23 @@ def _one(models: dict[str, nn.Module], spec: StudySpec) -> nn.Module:
     return next(iter(models.values()))  # the first: a config's evaluated `model`
 
 
+def _chosen_attacks(attacks: AttackSpec | None, names: list[str]) -> dict[str, Any]:
+    """The attacks named in a study's ``attacks:`` (an entry's name matches each of its budgets)."""
+    named = dict(named_attacks(attacks))
+    out: dict[str, Any] = {}
+    for n in names:
+        hits = {k: a for k, a in named.items() if k == n or k.split("@")[0] == n}
+        if not hits:
+            c = closest(n, sorted({k.split("@")[0] for k in named} | set(named)))
+            raise ValueError(f"`attacks` of the study names an unknown attack {n!r}"
+                             f"{f'; did you mean {c!r}?' if c else ''} (attacks: {', '.join(named)})")
+        out.update(hits)
+    return out
+
+
 def run_study(name: str, spec: Mapping[str, Any] | StudySpec | None, model: nn.Module | Mapping[str, nn.Module],
-              task: Task, data: Any, attacks: AttackSpec | None, *, target_fn: TargetFn | None = None) -> StudyResult:
+              task: Task, data: Any, attacks: AttackSpec | None, *, target_fn: TargetFn | None = None,
+              base_dir: str | None = None) -> StudyResult:
     """Run study ``name`` with the options ``spec`` (a mapping, checked by the study's schema, or a spec).
 
     Args:
@@ -441,6 +472,8 @@ def run_study(name: str, spec: Mapping[str, Any] | StudySpec | None, model: nn.M
         model: one model, or ``{name: model}`` (required for ``transfer`` and ``models``; other studies use the
             entry's ``model:`` or the only one).
         task, data, attacks, target_fn: as for ``evaluate``.
+        base_dir: where relative paths of the study's own data sections (``train:``) start (a config's folder;
+            default: the working directory).
     """
     if name not in STUDY_SPECS:
         c = closest(name, list(STUDY_SPECS))
@@ -452,6 +485,9 @@ def run_study(name: str, spec: Mapping[str, Any] | StudySpec | None, model: nn.M
         s = spec
     else:
         s = validate_study({"study": name, **dict(spec or {})}, ("studies", name))
+    s._base_dir = base_dir
+    if s.attacks is not None:
+        attacks = _chosen_attacks(attacks, s.attacks)
     result = s.run(_models(model), task, data, attacks, target_fn)
     # a VAFA attack's frequency reading depends on its renormalisation: every study that ran one says which
     add_notes(result.meta, renormalization_notes(named_attacks(attacks)))

@@ -100,7 +100,18 @@ def test_the_config_builds_the_train_group_from_a_source(trained_multiclass):
     html = render_html_report(None, studies=[r])
     assert "Could not draw" not in html and "PCA and t-SNE of the features" in html and "knn_separability" in html
     assert r.meta["noise"]["match"] == "linf" and {p["space"] for p in r.meta["probe"]} == {"features", "pca"}
-    with pytest.raises(Exception, match="must be absolute"):
+    # a relative path starts at the config's folder (`base_dir`)
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+
+    folder = Path(tempfile.mkdtemp())
+    np.savez(folder / "train.npz", x=t.x.numpy(), y=t.y.numpy())
+    r2 = run_study("correlation", {"train": {"source": "npz", "path": "train.npz"}, "embedding": ["pca"]}, t.model,
+                   t.task, (t.x, t.y), atk, base_dir=str(folder))
+    assert "train" in r2.meta["embeddings"]["pca"]["groups"]
+    with pytest.raises(Exception, match="train.npz"):
         run_study("correlation", {"train": {"source": "npz", "path": "train.npz"}}, t.model, t.task, (t.x, t.y), atk)
     with pytest.raises(Exception, match="embedding"):
         run_study("correlation", {"embedding": ["umap"]}, t.model, t.task, (t.x, t.y), atk)

@@ -155,3 +155,21 @@ def test_the_study_runs_the_xu2021_suite_seeded_and_from_a_config(trained_multic
     assert "Could not draw" not in html and "mean of all" in html
     with pytest.raises(Exception, match="xu2021"):
         run_study("corruptions", {"suite": "xu2012", "bounds": [0.0, 1.0]}, t.model, t.task, (x, y), None)
+
+
+def test_relative_flip_probability_of_several_models(trained_multiclass):
+    from torch import nn
+
+    t = trained_multiclass
+    steady = nn.Sequential(nn.Flatten(), nn.Linear(t.x[0].numel(), 4))
+    nn.init.zeros_(steady[1].weight)
+    with torch.no_grad():
+        steady[1].bias.copy_(torch.tensor([1.0, 0.0, 0.0, 0.0]))  # the same class whatever the input: never flips
+    r = run_study("corruptions", {"suite": ["gaussian_noise", "translate"], "severities": [5], "bounds": [0.0, 1.0],
+                                  "models": ["cnn", "steady"]}, {"cnn": t.model, "steady": steady}, t.task,
+                  (t.x, t.y), None)
+    rows = {row["model"]: row for row in r.meta["rfp"]}
+    assert rows["cnn"]["rfp"] == pytest.approx(1.0) and rows["cnn"]["flip_probability"] > 0
+    assert rows["steady"]["flip_probability"] == 0.0 and rows["steady"]["rfp"] == 0.0
+    fps = [row["flip_probability"] for row in r.rows]
+    assert rows["cnn"]["flip_probability"] == pytest.approx(sum(fps) / len(fps))

@@ -49,3 +49,20 @@ def test_a_targeted_explanation_attack_reports_ssim_to_its_target_and_the_config
     assert row["ssim_target"] is not None and r.meta["title"] == "Table 2"
     with pytest.raises(Exception, match="did you mean 'gradient'"):
         run_study("saliency", {"explanations": ["gradiant"]}, {"net": model}, task, (x, y), {"relevance": atk})
+
+
+def test_matched_compares_an_explanation_attack_on_its_own_method_and_attacks_selects(trained_multiclass):
+    t = trained_multiclass
+    model, x, y, task = t.model, t.x[:4], t.y[:4], t.task
+    attacks = {"prediction": FGSM(task, Linf(0.1, bounds=(0.0, 1.0))),
+               "relevance": SaliencyRelevance(task, Linf(0.1, bounds=(0.0, 1.0)), Gradient(), steps=2)}
+    r = run_study("saliency", {"explanations": ["gradient", "gradient_x_input"], "matched": True}, {"net": model},
+                  task, (x, y), attacks)
+    assert sorted((row["attack"], row["explanation"]) for row in r.rows) == [
+        ("prediction", "gradient"), ("prediction", "gradient_x_input"), ("relevance", "gradient")]
+    # a study's `attacks:` runs only the attacks it names (an entry's name covers all its budgets)
+    r = run_study("saliency", {"explanations": ["gradient"], "attacks": ["relevance"]}, {"net": model}, task, (x, y),
+                  attacks)
+    assert {row["attack"] for row in r.rows} == {"relevance"}
+    with pytest.raises(ValueError, match="did you mean 'relevance'"):
+        run_study("saliency", {"attacks": ["relevanse"]}, {"net": model}, task, (x, y), attacks)
