@@ -49,6 +49,7 @@ from ._common import (
     named_attacks,
 )
 from .base import StudyResult
+from .models import cosine
 
 __all__ = ["classwise", "confusion_matrix", "class_stats", "cfps", "multilabel_stats", "pair_matrix"]
 
@@ -391,14 +392,6 @@ def _targeted_rows(result: StudyResult, y: Tensor, clean: Tensor, num: int, plan
             "spearman_cfps": _spearman([_num(share[t]) for t in targets], success)}
 
 
-def _cos(a: Tensor, b: Tensor) -> float | None:
-    a, b = a.double().reshape(-1), b.double().reshape(-1)
-    keep = ~(torch.isnan(a) | torch.isnan(b))
-    a, b = a[keep], b[keep]
-    den = float(a.norm() * b.norm())
-    return float((a * b).sum()) / den if a.numel() and den > 0 else None
-
-
 def _vectors(task: Task, num: int, y: Tensor, pred: Tensor) -> dict[str, Tensor]:
     """What the model-to-model similarity compares for one condition: the error pattern (off-diagonal confusion;
     multi-label: the missed → spurious pair matrix), the CFPS and the per-class metric."""
@@ -443,7 +436,7 @@ def _combine(task: Task, outs: dict[str, tuple[StudyResult, dict[str, Tensor], T
                     if d == "agreement":
                         row.append(float((outs[a][1][lab] == outs[b][1][lab]).double().mean()))
                     else:
-                        row.append(_cos(vec[a][d], vec[b][d]))
+                        row.append(cosine(vec[a][d].reshape(-1), vec[b][d].reshape(-1)))
                 mat.append(row)
             sim[d][lab] = mat
     meta["models"] = names
