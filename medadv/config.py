@@ -115,6 +115,7 @@ from .config_schema import (
     SyntheticData,
     TaskSection,
     ThreatSection,
+    entry_label,
     is_code_path,
     validate_config,
     validate_section,
@@ -868,11 +869,10 @@ def build_target_fns(cfg: Mapping[str, Any], task: Task, attacks: Mapping[str, A
         return default
     out: dict[str, TargetFn] = {}
     for key in attacks:
-        fn = own.get(key.split("@")[0] if key not in own else key, default)
+        fn = own.get(entry_label(key), default)
         if fn is not None:
             out[key] = fn
     return out
-
 
 
 def check_target(spec: str | None, task: Task, *, allow_code: bool = True) -> None:

@@ -38,7 +38,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from .params import InvalidParameterError, closest
 
-__all__ = ["ConfigError", "Config", "AttackPlan", "AttackEntry", "ModelSection", "TrainSection", "ReportSection", "MODEL_KINDS", "TaskSection", "DataSection",
+__all__ = ["ConfigError", "Config", "AttackPlan", "AttackEntry", "ModelSection", "TrainSection", "ReportSection", "entry_label", "MODEL_KINDS", "TaskSection", "DataSection",
            "DATA_SOURCES", "FILE_SOURCES", "TransformEntry", "FilesData", "DatalistData", "CsvData", "InferenceSection",
            "ThreatSection", "MAX_BUDGET_FRACTION", "parse_budget", "validate_config", "validate_section", "format_errors"]
 
@@ -443,6 +443,12 @@ class AttackEntry(BaseModel):
             raise ValueError(f"`label` of the `attacks` entry {self.name!r} names the entry and must be a string, "
                              f"got {self.label!r}")
         return self.id or self.label or default, params
+
+
+def entry_label(key: str) -> str:
+    """The ``attacks`` entry an attack built from a config belongs to: its key without the ``@budget`` that ball
+    attacks get (``pgd-4@0.0156863`` → ``pgd-4``; box attacks' keys are the label itself)."""
+    return key.rsplit("@", 1)[0]
 
 
 def _normalise(field: str, options: tuple[str, ...], aliases: Mapping[str, str]) -> Any:

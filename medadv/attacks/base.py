@@ -163,6 +163,8 @@ class Attack(Configurable, ABC):
     norms: ClassVar[tuple[str, ...]] = ("Linf", "L2")
     #: tasks the attack supports (task class names; empty = every task)
     tasks: ClassVar[tuple[str, ...]] = ()
+    #: what to use instead for a task kind outside ``tasks`` (appended to the refusal)
+    other_tasks: ClassVar[str] = ""
     #: spatial ranks of the input the attack supports (2: images, 3: volumes; empty = any)
     spatial_dims: ClassVar[tuple[int, ...]] = ()
     #: the attack is targeted by nature (``y`` is always a target, e.g. DAG's adversarial label map)
@@ -184,7 +186,8 @@ class Attack(Configurable, ABC):
             raise TypeError(f"`task` must be a medadv Task (a kind of medadv.tasks.available_tasks()), got {task!r}")
         if self.tasks and type(task).__name__ not in self.tasks and not any(
                 c.__name__ in self.tasks for c in type(task).__mro__):
-            raise TypeError(f"`task` of {owner} must be {' or '.join(self.tasks)}, got {task!r}")
+            hint = f"; {self.other_tasks}" if self.other_tasks else ""
+            raise TypeError(f"`task` of {owner} must be {' or '.join(self.tasks)}, got {task!r}{hint}")
         if self.needs_class_scores and not task.class_scores:
             raise TypeError(f"{owner} is built on class distributions and the outputs of {task!r} are not class "
                             "scores: use PGD, APGD (loss 'ce' or 'margin') or auto")

@@ -33,14 +33,6 @@ _CHECK_EVERY = 10
 _TINY = 1e-12
 
 
-def _refuse_other_kinds(owner: str, task: Task, kinds: tuple[str, ...], instead: str) -> None:
-    """A clear refusal, before any work, of a task kind the attack is not defined for (by the class's ``tasks``
-    declaration, read along the task class's MRO like :class:`~medadv.attacks.base.Attack` does)."""
-    if isinstance(task, Task) and not any(c.__name__ in kinds for c in type(task).__mro__):
-        raise TypeError(f"`task` of {owner} must be MultiClass ((N, K) logits, one class per sample: {owner} is "
-                        f"defined for multi-class classifiers), got {task!r}; {instead}")
-
-
 @dataclass
 class DeepFoolDetails(AttackDetails):
     """DeepFool's per-sample record.
@@ -110,6 +102,9 @@ class DeepFool(Attack):
                                     "targeted attack use pgd or apgd with targeted=True"),
     }
     tasks = ("MultiClass",)
+    other_tasks = ("DeepFool is defined for multi-class classifiers ((N, K) logits, one class per sample): use a "
+                   "loss-based attack instead, e.g. get_attack('apgd', task, threat) or 'pgd' (the task's loss), or "
+                   "'auto'")
 
     steps: int
     overshoot: float
@@ -128,9 +123,6 @@ class DeepFool(Attack):
         targeted: bool = False,
         seed: int | None = 0,
     ) -> None:
-        _refuse_other_kinds("DeepFool", task, self.tasks,
-                            "use a loss-based attack instead, e.g. get_attack('apgd', task, threat) or 'pgd' (the "
-                            "task's loss), or 'auto'")
         super().__init__(task, threat, targeted=targeted, seed=seed)
         self._init_params(locals())
 

@@ -101,6 +101,9 @@ class JSMA(Attack):
     }
     threat_kind = "box"
     tasks = ("MultiClass",)
+    other_tasks = ("the saliency map is defined for multi-class classifiers ((N, K) logits, one class per sample): "
+                   "use a loss-based attack instead, e.g. get_attack('apgd', task, threat) or 'pgd' (the task's loss), "
+                   "or 'square'")
     positional: ClassVar[tuple[str, ...]] = ("task", "box")
 
     theta: float
@@ -118,10 +121,6 @@ class JSMA(Attack):
         targeted: bool = False,
         seed: int | None = 0,
     ) -> None:
-        if isinstance(task, Task) and not any(c.__name__ in self.tasks for c in type(task).__mro__):
-            raise TypeError(f"`task` of JSMA must be MultiClass ((N, K) logits, one class per sample: the saliency "
-                            f"map is defined for multi-class classifiers), got {task!r}; use a loss-based attack "
-                            "instead, e.g. get_attack('apgd', task, threat) or 'pgd' (the task's loss), or 'square'")
         super().__init__(task, box, targeted=targeted, seed=seed)
         self._init_params(locals())
         if self.theta == 0.0:

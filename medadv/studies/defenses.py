@@ -56,13 +56,14 @@ from ._common import (
     TargetFn,
     add_notes,
     attacked_batches,
-    batches,
     check_model,
     check_task,
     forward,
+    gather,
     named_attacks,
     renormalization_notes,
     robust_metric,
+    split_train_eval,
 )
 from .base import StudyResult
 from .schema import StudySpec, _box, _one, register_study
@@ -211,44 +212,6 @@ def build_strategy(entry: Mapping[str, Any], *, threat: Threat | None, box: Box 
 
 
 # --- data -------------------------------------------------------------------------------------------------------
-def gather(data: Any, what: str = "data") -> tuple[Tensor, Tensor]:
-    """Every batch of ``data`` concatenated on the CPU: ``(x, y)``."""
-    xs, ys = [], []
-    for x, y in batches(data):
-        xs.append(x.detach().cpu())
-        ys.append(y.detach().cpu())
-    if not xs:
-        raise ValueError(f"`{what}` is empty")
-    return torch.cat(xs), torch.cat(ys)
-
-
-def split_train_eval(data: Any, train_data: Any, train_split: float | None, batch_size: int
-                     ) -> tuple[tuple[Tensor, Tensor], Any, dict[str, Any]]:
-    """``((x_train, y_train), eval_data, meta)``.
-
-    With ``train_data`` the training set is all of it and ``data`` evaluates as given; otherwise the first
-    ``round(train_split · n)`` samples of ``data`` train and the rest, in batches of ``batch_size``, evaluate.
-    """
-    if train_data is not None:
-        if train_split is not None:
-            raise ValueError("give either `train_data` (a separate training set) or `train_split` (a share of "
-                             "`data`), not both")
-        x, y = gather(train_data, "train_data")
-        return (x, y), data, {"train": "train_data", "n_train": int(x.shape[0])}
-    split = 0.5 if train_split is None else train_split
-    if isinstance(split, bool) or not isinstance(split, int | float) or not 0.0 < float(split) < 1.0:
-        raise ValueError(f"`train_split` must be a number in (0, 1) (the share of `data` that trains); got {split!r}")
-    x, y = gather(data)
-    k = int(round(float(split) * x.shape[0]))
-    if not 0 < k < x.shape[0]:
-        raise ValueError(f"`train_split` {split} of {x.shape[0]} samples leaves no training or no evaluation "
-                         "sample; give more data or another split")
-    xe, ye = x[k:], y[k:]
-    ev = [(xe[i:i + batch_size], ye[i:i + batch_size]) for i in range(0, xe.shape[0], batch_size)]
-    return (x[:k], y[:k]), ev, {"train": f"first {k} of {x.shape[0]} samples of data (train_split {split})",
-                                "n_train": k, "n_eval": int(x.shape[0] - k)}
-
-
 # --- the model copies -------------------------------------------------------------------------------------------
 def initial_copy(model: nn.Module, init: str, seed: int) -> nn.Module:
     """A deep copy of ``model``: its weights (``"copy"``) or re-initialised under ``seed`` (``"reset"``).

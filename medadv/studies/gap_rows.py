@@ -47,11 +47,12 @@ from ._common import (
     check_model,
     check_task,
     forward,
+    gather,
     named_attacks,
     robust_metric,
+    split_train_eval,
 )
 from .base import StudyResult
-from .defenses import gather, split_train_eval
 from .schema import StudySpec, _box, _one, register_study
 
 __all__ = ["gap", "GapSpec"]

@@ -102,14 +102,16 @@ def saliency(
             x = batch.x[:take]
             label = task.explained_class(batch.y[:take], batch.clean_logits[:take].flatten(2).mean(2)
                                          if batch.clean_logits.ndim > 2 else batch.clean_logits[:take])
-            clean_maps = {e: m(net, x, label).detach() for e, m in methods.items()}
+            clean_maps: dict[str, Tensor] = {}  # each method's clean map, computed when an attack first needs it
             c1 = batch.clean_logits[:1]  # independent labels ((N, 2, L) distributions): PSC reads the explained one
             lab = label if c1.ndim == 2 and task.distributions(c1, task.predict(c1))[0].ndim == 3 else None
+            pred_clean = task.predict(batch.clean_logits[:take])
             for i, att in enumerate(batch.attacked):
                 xa = att.result.x_adv[:take]
-                pred_clean = task.predict(batch.clean_logits[:take])
                 pred_adv = task.predict(att.result.logits[:take])
                 changed = (pred_clean != pred_adv).reshape(take, -1).any(1).double().cpu()
+                # Zhang et al.'s PSC pairs the prediction's JSD (multi-label: of the explained label) with the map's
+                d_pred = prediction_jsd(task, batch.clean_logits[:take], att.result.logits[:take], lab).double().cpu()
                 target = getattr(att.result.details, "target_map", None)
                 own = getattr(att.attack, "explanation", None) if matched else None
                 pairs = ({e: m for e, m in methods.items() if m.config() == own.config()} or {own.name: own}
@@ -125,10 +127,7 @@ def saliency(
                         if k in comp:
                             d[k].append(comp[k].double().cpu())
                     d["changed"].append(changed)
-                    # Zhang et al.'s PSC pairs: the prediction's JSD (multi-label: of the explained label) and
-                    # the map's JSD, per image
-                    d["d_pred"].append(prediction_jsd(task, batch.clean_logits[:take], att.result.logits[:take],
-                                                      lab).double().cpu())
+                    d["d_pred"].append(d_pred)
                     d["d_sal"].append(map_jsd(clean_maps[e], adv_map).double().cpu())
                     if isinstance(target, Tensor) and target.shape[-adv_map.ndim + 1:] == adv_map.shape[1:]:
                         t = target[:take] if target.ndim == adv_map.ndim else target.expand_as(adv_map)

@@ -23,7 +23,7 @@ from pydantic import Field, PrivateAttr, Strict, field_validator, model_validato
 from pydantic_core import PydanticCustomError
 from torch import nn
 
-from ..config_schema import ConfigError, DataSection, _Section, validate_section
+from ..config_schema import ConfigError, DataSection, _Section, entry_label, validate_section
 from ..params import closest
 from ..tasks import Task
 from ._common import AttackSpec, TargetFn, add_notes, named_attacks, renormalization_notes
@@ -452,9 +452,9 @@ def _chosen_attacks(attacks: AttackSpec | None, names: list[str]) -> dict[str, A
     named = dict(named_attacks(attacks))
     out: dict[str, Any] = {}
     for n in names:
-        hits = {k: a for k, a in named.items() if k == n or k.split("@")[0] == n}
+        hits = {k: a for k, a in named.items() if n in (k, entry_label(k))}
         if not hits:
-            c = closest(n, sorted({k.split("@")[0] for k in named} | set(named)))
+            c = closest(n, sorted({entry_label(k) for k in named} | set(named)))
             raise ValueError(f"`attacks` of the study names an unknown attack {n!r}"
                              f"{f'; did you mean {c!r}?' if c else ''} (attacks: {', '.join(named)})")
         out.update(hits)
