@@ -10,7 +10,8 @@ from torch import Tensor, nn
 
 from medadv.tasks import Segmentation, Task
 
-__all__ = ["check_model", "check_task", "classifier_target", "segmentation_target", "as_tensor"]
+__all__ = ["check_model", "check_task", "classifier_target", "segmentation_target", "as_tensor", "task_model",
+           "check_first_output"]
 
 
 def check_model(model: Any) -> nn.Module:
@@ -75,3 +76,22 @@ def segmentation_target(task: Segmentation, y: Tensor, logits: Tensor) -> Tensor
     y = y.long()
     task.validate_labels(logits, y, "y")
     return y
+
+
+def task_model(task: Task, model: nn.Module) -> nn.Module:
+    """The model as an adapter hands it to its toolkit: :meth:`~medadv.tasks.Task.logits_model` (a task declared
+    ``outputs="probabilities"`` gives the toolkit the logits they come from: ``log p`` for a softmax,
+    ``logit p`` for sigmoids; any other task, ``model`` itself). Every toolkit then computes its loss, gradients,
+    arg-max and margins on logits, as it expects, and no ``apply_softmax``/``preprocessing`` setting changes."""
+    return task.logits_model(model)
+
+
+def check_first_output(owner: Any, task: Task, out: Any) -> None:
+    """Refuse probability outputs of a task that does not declare them (:meth:`~medadv.tasks.Task.check_outputs`,
+    one line saying to declare ``outputs: probabilities``) on the first model output ``owner`` (an adapter) reads,
+    before the toolkit's attack takes a step; later outputs pass unchecked (one host read per adapter, not per
+    step). Declared outputs are trusted (converted by :func:`task_model`)."""
+    if getattr(owner, "_outputs_checked", False) or not isinstance(out, Tensor):
+        return
+    task.check_outputs(out.detach())
+    owner._outputs_checked = True

@@ -28,12 +28,24 @@ estimator also refuses inputs outside ``clip_values`` and, on a multi-label mode
 
 Clip values and preprocessing are in the data's own units (e.g. ``clip_values=(-1024, 3071)`` for CT in HU,
 ``preprocessing=(mean, std)`` applied inside the gradient).
+
+Models that return probabilities (a final softmax or sigmoid): declare them on the task
+(``MultiLabel(outputs="probabilities")``, ``Segmentation(2, outputs="probabilities")``) and the estimators hand
+ART the logits they come from (:meth:`~medadv.tasks.Task.logits_model`: ``log p`` for a softmax, ``logit p`` for
+sigmoids), so ART's losses, gradients, margins and arg-max tests read logits, ``predict`` returns those logits, and
+nothing else changes: ``preprocessing`` is still the input standardisation in data units (applied before the
+model) and no softmax setting is needed (ART's ``PyTorchClassifier`` has none; it expects logits). On an
+:class:`ARTClassifier` of a ``nn.Sequential`` model, ART then sees one layer (the wrapped model) for
+``get_activations`` by index. Undeclared, the first model output an estimator reads (``predict``, a loss or its
+gradient) is refused in one line when it looks like probabilities (:meth:`~medadv.tasks.Task.check_outputs`),
+before ART's attack takes a step.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import sys
 from abc import ABCMeta
 from collections.abc import Callable, Iterator, Sequence
@@ -52,8 +64,17 @@ from torch import Tensor, nn
 
 from medadv.runtime import model_device
 from medadv.tasks import MultiClass, MultiLabel, Segmentation, Task
+from medadv.threats import check_budget_scale
 
-from ._common import as_tensor, check_model, check_task, classifier_target, segmentation_target
+from ._common import (
+    as_tensor,
+    check_first_output,
+    check_model,
+    check_task,
+    classifier_target,
+    segmentation_target,
+    task_model,
+)
 from .art_support import (
     EXCLUDED,
     EXCLUDED_TRAINERS_AND_METRICS,
@@ -108,6 +129,12 @@ def _infer_outputs(model: nn.Module, input_shape: tuple[int, ...]) -> int:
     if not isinstance(out, Tensor) or out.ndim != 2:
         raise ValueError(f"model must return (N, K) logits for a classifier, got {getattr(out, 'shape', type(out))}")
     return int(out.shape[1])
+
+
+def _flag(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"`{name}` must be True or False, got {value!r}")
+    return value
 
 
 def _float32(x: Any) -> Any:
@@ -194,6 +221,54 @@ def _art_callers(frame: FrameType | None, classifier: bool) -> tuple[list[_Calle
     return [callers[k] for k in reversed(order)], generate
 
 
+def _takes_budget(obj: Any) -> bool:
+    """Whether the ART class of an attack or trainer takes a perturbation budget: its constructor has ``eps``
+    (read from ART's own signatures, so an ART release that adds a budgeted attack is covered)."""
+    for cls in type(obj).__mro__:
+        if cls.__module__.startswith("art."):
+            try:
+                return "eps" in inspect.signature(cls).parameters
+            except (TypeError, ValueError):
+                return False
+    return False
+
+
+def _norm_p(norm: Any) -> float:
+    """ART's ``norm`` argument (``np.inf``, ``"inf"``, 1, 2, ``"1"``, ``"2"``) as p; NaN for non-Lp balls
+    (Wasserstein's ``"wasserstein"``), whose budgets have no scale in data units."""
+    if norm is None:
+        return math.inf  # attacks without a norm argument (BIM, the Madry trainer) are L∞
+    try:
+        return float(norm)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _check_budget(est: Any, caller: _Caller) -> None:
+    """The budget-scale rule of medadv's ``Linf`` (:func:`medadv.threats.check_budget_scale`) on an ART attack's or
+    trainer's ``eps`` against the estimator's ``clip_values``: too large refused before any work (unless the
+    estimator was built with ``allow_large_budgets=True``), too small warned, once per attack and setting."""
+    obj, clip = caller.obj, getattr(est, "_clip_values", None)
+    if obj is None or clip is None or not _takes_budget(obj):
+        return
+    eps, norm = caller.get("eps"), caller.get("norm")
+    if eps is None:  # ART's FBF trainer keeps its budget as `_eps`
+        eps = getattr(obj, "_eps", None)
+    key = (id(obj), repr(eps), repr(norm))
+    done: set[tuple[int, str, str]] = est.__dict__.setdefault("_budgets_checked", set())
+    if key in done:
+        return
+    lo, hi = (torch.as_tensor(np.asarray(v, dtype=np.float64)) for v in clip)
+    kind = type(est).__name__
+    check_budget_scale(
+        eps, (lo, hi), name="eps", owner=f"ART {caller.name} ", where=f" (`clip_values` of this {kind})",
+        p=_norm_p(norm), size=math.prod(int(s) for s in est._input_shape),
+        allow_large_budgets=bool(getattr(est, "_allow_large_budgets", False)),
+        advice=f"budgets are in data units, e.g. 8/255 for 8 on a 0-255 scale; build {kind}(..., "
+               "allow_large_budgets=True) if you mean it")
+    done.add(key)
+
+
 class _Guarded:
     """Refusals from the support tables, raised before an ART attack, trainer or metric does any work."""
 
@@ -220,6 +295,7 @@ class _Guarded:
                 setting, reason = refusal
                 raise UnsupportedAttackError(
                     f"ART {caller.name}({setting}) does not apply to a {_TITLES[kind]} model: {reason}")
+            _check_budget(self, caller)
         if generate is None:
             self._checked_generate = None
         elif generate["__frame__"] is not self._checked_generate:
@@ -326,6 +402,7 @@ class TaskLoss(nn.Module):
         self.reduction = reduction
 
     def forward(self, logits: Tensor, y: Tensor) -> Tensor:
+        check_first_output(self, self.task, logits)  # undeclared probabilities: refused before ART's first step
         per = self.task.loss(logits, classifier_target(self.task, y, logits))
         if self.reduction == "none":
             return per
@@ -345,13 +422,17 @@ class ARTClassifier(_Guarded, PyTorchClassifier, metaclass=_ClassifierMeta):
     multi-hot labels, or :meth:`predict_labels`) to ``generate`` on a multi-label model.
 
     Args:
-        model: the PyTorch model, returning ``(N, K)`` logits.
+        model: the PyTorch model, returning ``(N, K)`` logits (or probabilities, with the task declaring
+            ``outputs="probabilities"``: ART then gets their logits, see the module docstring).
         task: :class:`~medadv.tasks.MultiLabel` or :class:`~medadv.tasks.MultiClass`.
         input_shape: shape of one input ``(C, *spatial)``.
         clip_values: ``(min, max)`` valid input range in data units (e.g. ``(0, 1)`` or HU), or ``None``.
         nb_classes: number of outputs K; inferred with one forward pass when ``None``.
         optimizer: optimiser for ``fit`` (and ART's trainers); ``None`` if the model is not trained.
         preprocessing: ``(mean, std)`` standardisation applied inside the model call (data units).
+        allow_large_budgets: let attacks and trainers take an ``eps`` above half the ``clip_values`` range (refused
+            by default: ``FastGradientMethod(clf, eps=8)`` on [0, 1] data is 8 meant as 8/255, and ART would return
+            any point of the box); a budget below 0.1 % of the range warns (:func:`medadv.threats.check_budget_scale`).
         **kwargs: further ``PyTorchClassifier`` arguments (``preprocessing_defences``, ...).
 
     References: Nicolae et al., "Adversarial Robustness Toolbox v1.0.0", arXiv:1807.01069 (2018).
@@ -367,10 +448,13 @@ class ARTClassifier(_Guarded, PyTorchClassifier, metaclass=_ClassifierMeta):
         nb_classes: int | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         preprocessing: tuple[Any, Any] = (0.0, 1.0),
+        allow_large_budgets: bool = False,
         **kwargs: Any,
     ) -> None:
         check_model(model)
         check_task(task, (MultiLabel, MultiClass), "use ARTSegmenter for Segmentation tasks")
+        model = task_model(task, model)  # declared probabilities: ART gets their logits
+        self._allow_large_budgets = _flag(allow_large_budgets, "allow_large_budgets")
         shape = _check_input_shape(input_shape)
         k = _infer_outputs(model, shape) if nb_classes is None else int(nb_classes)
         if k < 2:
@@ -433,6 +517,7 @@ class ARTClassifier(_Guarded, PyTorchClassifier, metaclass=_ClassifierMeta):
         finally:
             for m, training in modes:
                 m.training = training
+        check_first_output(self, self.task, outs[0])
         preds = torch.cat(outs).detach().cpu().numpy().astype(np.float32)
         return self._apply_postprocessing(preds=preds, fit=False)
 
@@ -511,6 +596,7 @@ class LabelPowersetClassifier(_Guarded, BlackBoxClassifier, metaclass=_Classifie
             raise ValueError(f"label_powerset() takes at most {_MAX_POWERSET_LABELS} labels (2**K classes), the "
                              f"model has {k}; use ART ProjectedGradientDescent with the multi-hot y")
         self.classifier = classifier
+        self._allow_large_budgets = classifier._allow_large_budgets
         self._kind = "multilabel"
         self._bits = (2 ** np.arange(k)).astype(np.int64)
         super().__init__(self._predict_sets, tuple(classifier._input_shape), 2**k,
@@ -571,7 +657,8 @@ class ARTSegmenter(_Guarded, PyTorchEstimator, metaclass=_EstimatorMeta):
     arg-max.
 
     Args:
-        model: PyTorch segmentation network returning ``(N, num_classes, *spatial)`` logits.
+        model: PyTorch segmentation network returning ``(N, num_classes, *spatial)`` logits (or softmax
+            probabilities, with the task declaring ``outputs="probabilities"``: ART then gets ``log p``).
         task: :class:`~medadv.tasks.Segmentation` (its loss -- CE, Dice or DiceCE -- is attacked).
         input_shape: shape of one input ``(C, *spatial)``.
         clip_values: ``(min, max)`` valid range in data units (HU for CT), or ``None``.
@@ -579,6 +666,8 @@ class ARTSegmenter(_Guarded, PyTorchEstimator, metaclass=_EstimatorMeta):
         preprocessing: ``(mean, std)`` standardisation in data units, differentiated through.
         channels_first: must be True (PyTorch layout).
         device_type: ``"cpu"`` or ``"gpu"``; defaults to the model's device.
+        allow_large_budgets: let attacks and trainers take an ``eps`` above half the ``clip_values`` range
+            (refused by default, as on :class:`ARTClassifier`).
     """
 
     estimator_params = PyTorchEstimator.estimator_params + ["input_shape", "optimizer"]
@@ -594,10 +683,13 @@ class ARTSegmenter(_Guarded, PyTorchEstimator, metaclass=_EstimatorMeta):
         preprocessing: tuple[Any, Any] = (0.0, 1.0),
         channels_first: bool = True,
         device_type: str | None = None,
+        allow_large_budgets: bool = False,
         **kwargs: Any,
     ) -> None:
         check_model(model)
         check_task(task, (Segmentation,), "use ARTClassifier for classification tasks")
+        model = task_model(task, model)  # declared probabilities: ART gets their logits (log p)
+        self._allow_large_budgets = _flag(allow_large_budgets, "allow_large_budgets")
         if not channels_first:
             raise ValueError("`channels_first` must be True: PyTorch segmentation models are (N, C, *spatial)")
         shape = _check_input_shape(input_shape)
@@ -633,7 +725,9 @@ class ARTSegmenter(_Guarded, PyTorchEstimator, metaclass=_EstimatorMeta):
 
     def _forward(self, x: Tensor, fit: bool = False) -> Tensor:
         xp, _ = self._apply_preprocessing(x, y=None, fit=fit, no_grad=False)
-        return self._model(xp)
+        out = self._model(xp)
+        check_first_output(self, self.task, out)  # undeclared probabilities: refused before ART's first step
+        return out
 
     def _set_mode(self, training: bool) -> list[tuple[nn.Module, bool]]:
         modes = [(m, m.training) for m in self._model.modules()]

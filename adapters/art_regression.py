@@ -14,6 +14,9 @@ refused as well.
 The refusal is read where ART itself checks an estimator (``Attack.is_estimator_valid``, which every ART attack's
 constructor calls) and again at every call into the estimator, as :mod:`medadv.adapters.art` does for its
 classifiers and segmenters. Inputs and ``clip_values`` are in the data's own units.
+
+Probability outputs do not arise here: a regression model's outputs are values, not class scores, so the task
+refuses ``outputs="probabilities"`` when it is built and the outputs reach ART's loss as they are.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from torch import Tensor, nn
 
 from medadv.tasks import Task
 
-from .art import _art_callers, _device_type, _EstimatorMeta, _float32, _preserved
+from .art import _art_callers, _check_budget, _device_type, _EstimatorMeta, _flag, _float32, _preserved
 from .support import UnsupportedAttackError
 
 __all__ = ["ARTRegressor", "REGRESSION_SUPPORT", "RegressionLoss"]
@@ -89,6 +92,8 @@ class ARTRegressor(PyTorchRegressor, metaclass=_EstimatorMeta):
         clip_values: ``(lo, hi)`` data range in the data's own units, or ``None``.
         preprocessing: ``(mean, std)`` applied inside the gradient, as in ART.
         device_type: ``"cpu"`` or ``"gpu"``; default: where the model's parameters are.
+        allow_large_budgets: let attacks take an ``eps`` above half the ``clip_values`` range (refused by default:
+            a budget in the wrong units, see :func:`medadv.threats.check_budget_scale`).
 
     ``generate(x, y)`` needs ``y``: the true values ``(N, K)`` (untargeted: move the output away from them) or the
     target values (``targeted=True``).
@@ -96,7 +101,7 @@ class ARTRegressor(PyTorchRegressor, metaclass=_EstimatorMeta):
 
     def __init__(self, model: nn.Module, task: Task, input_shape: tuple[int, ...], *,
                  clip_values: tuple[float, float] | None = None, preprocessing: Any = (0.0, 1.0),
-                 device_type: str | None = None) -> None:
+                 device_type: str | None = None, allow_large_budgets: bool = False) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(task, Task) or task.label_source != "values":
@@ -106,6 +111,7 @@ class ARTRegressor(PyTorchRegressor, metaclass=_EstimatorMeta):
         if len(shape) < 2 or min(shape) < 1:
             raise ValueError(f"`input_shape` must be (C, *spatial) with positive sizes, got {input_shape!r}")
         self.task = task
+        self._allow_large_budgets = _flag(allow_large_budgets, "allow_large_budgets")
         super().__init__(model=model, loss=RegressionLoss(task), input_shape=shape, clip_values=clip_values,
                          preprocessing=preprocessing, device_type=device_type or _device_type(model))
 
@@ -121,6 +127,7 @@ class ARTRegressor(PyTorchRegressor, metaclass=_EstimatorMeta):
             if refusal is not None:
                 raise UnsupportedAttackError(f"ART {caller.name}({refusal.split(':', 1)[0]}) does not apply to a "
                                              f"regression model:{refusal.split(':', 1)[1]}")
+            _check_budget(self, caller)
         if generate is not None:
             x, y = generate.get("x"), generate.get("y")
             if y is None:

@@ -38,6 +38,13 @@ Here:
 
 Multi-class models need no hook: Foolbox's unmodified attacks run on a :class:`TaskModel` with ``MultiClass()``
 and integer labels.
+
+Models that return probabilities (a final softmax or sigmoid): with the task declaring
+``outputs="probabilities"``, a :class:`TaskModel` returns the logits they come from
+(:meth:`~medadv.tasks.Task.logits_model`: ``log p`` / ``logit p``), so Foolbox's cross-entropy, margins and arg-max
+read logits and the criteria read them as the task does; Foolbox ``preprocessing`` stays the input
+standardisation. Undeclared, the first forward refuses outputs that look like probabilities in one line
+(:meth:`~medadv.tasks.Task.check_outputs`), before the attack's first step.
 """
 
 from __future__ import annotations
@@ -56,8 +63,9 @@ from torch import Tensor, nn
 
 from medadv.runtime import attack_mode, model_device
 from medadv.tasks import MultiClass, MultiLabel, Segmentation, Task
+from medadv.threats import check_budget_scale
 
-from ._common import check_model, check_task
+from ._common import check_first_output, check_model, check_task, task_model
 from .foolbox_support import EXCLUDED, SUPPORT, UNIT_BOX_ONLY
 from .support import UnsupportedAttackError, check_supported, task_kind
 
@@ -177,24 +185,34 @@ class TaskModel(fb.PyTorchModel):
     attacks that do not apply to the task are refused (:data:`SUPPORT`) before they do any work.
 
     Args:
-        model: the PyTorch model (each forward runs in eval mode with frozen parameters).
+        model: the PyTorch model (each forward runs in eval mode with frozen parameters), returning logits, or
+            probabilities with the task declaring ``outputs="probabilities"`` (converted to logits).
         task: :class:`~medadv.tasks.MultiClass`, :class:`~medadv.tasks.MultiLabel` or
             :class:`~medadv.tasks.Segmentation`.
         bounds: ``(lo, hi)`` valid input range in data units (e.g. ``(-1024, 3071)`` HU).
         device: defaults to the model's device.
         preprocessing: Foolbox preprocessing dict (``mean``, ``std``, ``axis``, ``flip_axis``).
+        allow_large_budgets: let attacks take ``epsilons`` above half the ``bounds`` range (L∞; for Lp, half the
+            box's Lp diagonal). Refused by default before the attack does any work: ``epsilons=8`` on [0, 1] data
+            is 8 meant as 8/255 and Foolbox would return any point of the box. An epsilon below 0.1 % of the range
+            warns (:func:`medadv.threats.check_budget_scale`).
     """
 
     def __init__(self, model: nn.Module, task: Task, bounds: tuple[float, float], *, device: Any = None,
-                 preprocessing: dict[str, Any] | None = None) -> None:
+                 preprocessing: dict[str, Any] | None = None, allow_large_budgets: bool = False) -> None:
         check_model(model)
+        if not isinstance(allow_large_budgets, bool):
+            raise TypeError(f"`allow_large_budgets` must be True or False, got {allow_large_budgets!r}")
         check_task(task, (MultiClass, MultiLabel, Segmentation))
         if not isinstance(bounds, (tuple, list)) or len(bounds) != 2 or not float(bounds[0]) < float(bounds[1]):
             raise ValueError(f"`bounds` must be a (lo, hi) pair of numbers with lo < hi, got {bounds!r}")
-        super().__init__(model, bounds=(float(bounds[0]), float(bounds[1])),
+        # declared probabilities: Foolbox gets their logits (its crossentropy, margins and arg-max expect logits)
+        super().__init__(task_model(task, model), bounds=(float(bounds[0]), float(bounds[1])),
                          device=device if device is not None else model_device(model), preprocessing=preprocessing)
         self.module = model
         self.task = task
+        self.allow_large_budgets = allow_large_budgets
+        self._budget_checked: tuple[int, str, int] | None = None
         self._logits = _logits_type(task)
         self._frozen = False  # True while a medadv attack class holds attack_mode for the whole call
         # listed once: walking a deep model's modules() and parameters() costs more than the freezing itself
@@ -234,6 +252,8 @@ class TaskModel(fb.PyTorchModel):
             for local in ("criterion", "criterion_"):
                 if local in frame.f_locals:
                     self._check_criterion(frame.f_locals[local], name or type(attack).__name__)
+            if "epsilons" in frame.f_locals:  # the attack's __call__: its budgets, before any work
+                self._check_epsilons(attack, name or type(attack).__name__, frame.f_locals["epsilons"], x)
             lo, hi = self._bounds
             if name in UNIT_BOX_ONLY and (lo, hi) != (0.0, 1.0):
                 raise ValueError(
@@ -245,6 +265,24 @@ class TaskModel(fb.PyTorchModel):
         if bool((x < lo).any()) or bool((x > hi).any()):
             raise ValueError(f"`inputs` has values in [{float(x.min()):.6g}, {float(x.max()):.6g}], outside the "
                              f"model bounds ({lo:.6g}, {hi:.6g})")
+
+    def _check_epsilons(self, attack: Any, name: str, epsilons: Any, x: Tensor) -> None:
+        """The budget-scale rule of medadv's ``Linf`` (:func:`medadv.threats.check_budget_scale`) on the
+        ``epsilons`` of a Foolbox attack call, in the norm of the attack's ``distance``."""
+        key = (id(attack), repr(epsilons), id(x))
+        if self._budget_checked == key:
+            return  # Foolbox reads model.bounds twice per call: one warning per call
+        try:
+            p = float(attack.distance.p)
+        except Exception:  # attacks with no fixed distance (Spatial; minimisation attacks without `distance`)
+            return
+        check_budget_scale(
+            epsilons, self._bounds, name="epsilons", owner=f"Foolbox {name} ",
+            where=" (the TaskModel's `bounds`)", p=p, size=int(x[0].numel()) if x.ndim else None,
+            allow_large_budgets=self.allow_large_budgets, stacklevel=6,  # the user's attack call
+            advice="budgets are in data units, e.g. 8/255 for 8 on a 0-255 scale; build TaskModel(..., "
+                   "allow_large_budgets=True) if you mean it")
+        self._budget_checked = key  # only once passed: a refused call refuses again when repeated
 
     def _check_criterion(self, crit: Any, attack: str) -> None:
         task = self.task
@@ -298,6 +336,7 @@ class TaskModel(fb.PyTorchModel):
                     m.training = True
                 for p in trainable:
                     p.requires_grad_(True)
+        check_first_output(self, self.task, _raw(out))  # undeclared probabilities: refused before the first step
         if self._logits is not None and type(out) is ep.PyTorchTensor:
             out = self._logits(out.raw)
         return out

@@ -11,9 +11,12 @@ arg-max success tests and ``clamp(0, 1)`` on every step (HU-valued CT is silentl
   cross-entropy *is* the per-label BCE, and segmentation logits ``(N, C, *spatial)`` are already what its
   cross-entropy takes per voxel. The attacks that read one class per sample (C&W, EAD, DeepFool, FAB,
   Square, SPSA, JSMA, OnePixel, Pixle, APGD, ...) see the task's margin as a two-class decision per sample
-  (see :mod:`medadv.adapters.torchattacks_support`). :meth:`TorchattacksModel.attack` runs an attack and
-  returns the adversarial batch in data units; attacks that do not apply to the task are refused from
-  :data:`SUPPORT` before any work, and so are the unsafe direct calls (``atk(x_in_HU, y)``).
+  (see :mod:`medadv.adapters.torchattacks_support`), whose sign is the task's own fooled test, so what they
+  report as success passes it. :meth:`TorchattacksModel.attack` runs an attack and returns the adversarial
+  batch in data units, :meth:`TorchattacksModel.attack_result` also the success flag torchattacks does not
+  return (the task's test on the result); attacks that do not apply to the task are refused from
+  :data:`SUPPORT` before any work, and so are the unsafe direct calls (``atk(x_in_HU, y)``) and budgets in the
+  wrong units (``PGD(w, eps=8)`` meant as 8 HU: torchattacks' ``eps`` is a fraction of the data range here).
 * :class:`MedadvAttack` -- any medadv attack as a ``torchattacks.Attack``: torchattacks' targeted modes,
   ``set_normalization_used`` (multi-channel 2-D/3-D), ``set_model_training_mode`` and ``save`` work.
 
@@ -22,12 +25,23 @@ How a direct call is recognised: every torchattacks ``Attack.__call__`` starts b
 stack to the outermost ``Attack.__call__`` frame (microseconds, once per call: the result is cached on the
 input tensor) and checks that attack, its members, its inputs and labels, before the attack has done anything.
 :meth:`TorchattacksModel.attack` checks up front and skips the walk.
+
+Models that return probabilities (a final softmax or sigmoid): with the task declaring
+``outputs="probabilities"``, :class:`TorchattacksModel` presents the logits they come from
+(:meth:`~medadv.tasks.Task.logits_model`: ``log p`` / ``logit p``) to torchattacks, whose cross-entropy and margins
+expect logits; ``mean``/``std`` stay the input normalisation. Undeclared, its first forward refuses outputs that
+look like probabilities in one line (:meth:`~medadv.tasks.Task.check_outputs`), before the attack's first step.
+:class:`MedadvAttack` runs a medadv attack, which reads the model through its own task the same way (converted
+when declared, refused on the first output when not); torchattacks' ``get_logits`` (its random and least-likely
+target modes) then sees the model's own outputs, whose arg-max / arg-min are those of the logits.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
+import math
 import sys
 import warnings
 import weakref
@@ -43,9 +57,11 @@ from torch import Tensor, nn
 
 from medadv.attacks.autoattack import UnitBox
 from medadv.attacks.base import Attack as MedadvBase
+from medadv.attacks.base import AttackResult
 from medadv.tasks import MultiClass, MultiLabel, Segmentation, Task
+from medadv.threats import check_budget_scale, per_sample_norm
 
-from ._common import check_model, check_task
+from ._common import check_first_output, check_model, check_task, task_model
 from .support import UnsupportedAttackError, check_supported, task_kind
 from .torchattacks_support import EXCLUDED, MARGIN_VIEW, SUPPORT, Usage, usage_problem
 
@@ -61,6 +77,11 @@ class TorchattacksModel(nn.Module):
         bounds: ``(lo, hi)`` data range (HU, z-scores, ...), scalars or per-channel tensors broadcastable to
             one batch; the unit box [0, 1] torchattacks clamps to is mapped onto it.
         mean, std: optional per-channel normalisation applied after the mapping (data units), any rank.
+        allow_large_budgets: let attacks take an ``eps`` above half the unit box (L∞; for L2, half its L2
+            diagonal). Refused by default before the attack does any work: torchattacks' ``eps`` is a fraction of
+            the data range here, so ``PGD(w, eps=8)`` meant as 8 HU would move every voxel across the whole
+            range; 8 HU is ``eps=w.unit_eps(8)``. An ``eps`` below 0.1 % of the range (``w.unit_eps(4/255)`` on
+            CT in HU) warns (:func:`medadv.threats.check_budget_scale`).
 
     Use :meth:`unit_eps` for torchattacks' ``eps``/``alpha`` (data units to unit box) and :meth:`attack`
     to run an attack: it checks the attack against :data:`SUPPORT` before any work, runs the attacks that
@@ -71,16 +92,20 @@ class TorchattacksModel(nn.Module):
     """
 
     def __init__(self, model: nn.Module, task: Task, bounds: tuple[Any, Any], *,
-                 mean: Any = None, std: Any = None) -> None:
+                 mean: Any = None, std: Any = None, allow_large_budgets: bool = False) -> None:
         super().__init__()
         check_model(model)
+        if not isinstance(allow_large_budgets, bool):
+            raise TypeError(f"`allow_large_budgets` must be True or False, got {allow_large_budgets!r}")
+        self.allow_large_budgets = allow_large_budgets
         check_task(task, (MultiClass, MultiLabel, Segmentation))
         if not isinstance(bounds, (tuple, list)) or len(bounds) != 2:
             raise TypeError(f"`bounds` must be a (lo, hi) pair, got {bounds!r}")
         if (mean is None) != (std is None):
             raise ValueError("give both `mean` and `std` or neither")
         self.task = task
-        self.box = UnitBox(model, *bounds)
+        # declared probabilities: torchattacks gets their logits (its cross-entropy and margins expect logits)
+        self.box = UnitBox(task_model(task, model), *bounds)
         self.norm = None if mean is None else _ChannelNorm(mean, std)
         # torchattacks restores the wrapper's flag onto the whole model; set the flags directly, because
         # self.train() would recurse and overwrite the wrapped model's per-submodule modes
@@ -127,7 +152,9 @@ class TorchattacksModel(nn.Module):
         x = self.box.decode(u)
         if self.norm is not None:
             x = self.norm(x)
-        return self.box.model(x)
+        z = self.box.model(x)
+        check_first_output(self, self.task, z)  # undeclared probabilities: refused before the attack's first step
+        return z
 
     def forward(self, u: Tensor) -> Tensor:
         run = self._run
@@ -138,7 +165,8 @@ class TorchattacksModel(nn.Module):
             if self._pending is not None:
                 self._check_classes(z)
         elif run.view == "margin":
-            m = _task_margin(self.task, z, run.ref.expand(z.shape[0], *run.ref.shape[1:]), run.targeted)
+            ref = run.ref.expand(z.shape[0], *run.ref.shape[1:])
+            m = _decided_margin(self.task, z, ref, run.targeted, _task_margin(self.task, z, ref, run.targeted))
             # class 0: the sample keeps its labels (untargeted) / has not reached the target; class 1: it left
             # them / reached it. Logits ±m/2 rather than (m, 0): the same softmax and margin, and both logits
             # carry the gradient (JSMA's saliency map reads the target logit's gradient)
@@ -157,6 +185,33 @@ class TorchattacksModel(nn.Module):
         if kind == "multiclass":
             return "logits"
         return "margin" if any(_name(a) in MARGIN_VIEW for a in tree) else "loss"
+
+    def _check_budgets(self, tree: list[Any], u: Tensor) -> None:
+        """The budget-scale rule of medadv's ``Linf`` (:func:`medadv.threats.check_budget_scale`) on the budget of
+        every attack in the tree (``eps``, PI-FGSM's ``max_epsilon``), which torchattacks reads in the unit box:
+        a fraction of the data range."""
+        size = int(u[0].numel()) if u.ndim and u.shape[0] else None
+        lo, hi = self.box.lo, self.box.lo + self.box.scale
+        data = (f"({float(lo.min()):g}, {float(hi.max()):g})" if lo.numel() == 1 and hi.numel() == 1
+                else "(per-channel)")
+        for a in tree:
+            for arg in _budget_args(a):
+                eps = getattr(a, arg, None)
+                norm = str(getattr(a, "norm", "L2" if "L2" in type(a).__name__ else "Linf"))
+                p = 2.0 if norm == "L2" else math.inf if norm == "Linf" else math.nan
+                unit = f"w.unit_eps({eps})"
+                if isinstance(eps, int | float) and not isinstance(eps, bool):
+                    with contextlib.suppress(ValueError):  # per-channel ranges of different widths have no one scale
+                        unit = f"w.unit_eps({eps:g}) = {self.unit_eps(float(eps)):.6g}"
+                check_budget_scale(
+                    eps, (0.0, 1.0), name=arg, owner=f"torchattacks {type(a).__name__} ",
+                    where=f" (torchattacks' unit box, onto which this TorchattacksModel maps its bounds {data})",
+                    p=p, size=size, allow_large_budgets=self.allow_large_budgets, stacklevel=3,
+                    advice=(f"torchattacks budgets are fractions of the data range here; for {eps} data units pass "
+                            f"{arg}={unit}, or build TorchattacksModel(..., allow_large_budgets=True) if you mean it"),
+                    small_advice=(f"torchattacks budgets are fractions of the data range here ({arg}=4/255 is 4/255 "
+                                  f"of the range {data}); pass the fraction itself, not w.unit_eps of a budget meant "
+                                  "on a [0, 1] scale"))
 
     def _check_tree(self, tree: list[Any], kind: str, view: str, u: Tensor, direct: bool,
                     classes: int | None) -> None:
@@ -209,6 +264,7 @@ class TorchattacksModel(nn.Module):
                 f"torchattacks {name} was called directly on data outside [0, 1] (it clamps every step to [0, 1], "
                 "so data in `bounds` units such as HU would be destroyed silently); call w.attack(atk, x, y), "
                 "or atk(w.encode(x), w.labels(y))")
+        self._check_budgets(tree, data)
         if isinstance(labels, Tensor) and (labels.is_floating_point() or labels.dtype == torch.bool):
             raise UnsupportedAttackError(
                 f"torchattacks {name} was given {labels.dtype} labels; its cross-entropy takes class indices per "
@@ -238,7 +294,45 @@ class TorchattacksModel(nn.Module):
         ``y`` are the task's labels (multi-hot, label maps, class indices), or the targets when ``atk`` is in
         ``set_mode_targeted_by_label``. Raises :class:`~medadv.adapters.support.UnsupportedAttackError`
         before any work when ``atk`` (or one of its members) does not apply to this task.
+
+        torchattacks returns no success flag, and several of its attacks (CW, Square, DeepFool, ...) return the
+        clean input where they fail: use :meth:`attack_result` for the task's own fooled test on the result.
         """
+        return self._attack(atk, x, y)[0]
+
+    def attack_result(self, atk: torchattacks.attack.Attack, x: Tensor, y: Tensor) -> AttackResult:
+        """:meth:`attack`, with the success flag torchattacks does not return, as a medadv
+        :class:`~medadv.attacks.base.AttackResult`.
+
+        ``fooled`` is the task's own test on the returned ``x_adv`` (one forward of the wrapped model on the
+        whole batch): untargeted, the prediction left ``y``; targeted, it reached the target (``y`` in
+        ``set_mode_targeted_by_label``, or the targets :meth:`attack` drew for the random, least-likely and
+        function modes). ``linf``/``l2`` are the norms of ``x_adv - x`` in data units.
+        """
+        x_adv, ref, targeted = self._attack(atk, x, y)
+        if ref is None:
+            raise UnsupportedAttackError(
+                f"torchattacks {type(atk).__name__} draws its targets inside torchattacks in {atk.attack_mode} mode, "
+                "so whether it reached them cannot be tested; use set_mode_targeted_by_label with the targets, or "
+                "w.attack for the adversarial batch alone")
+        with torch.no_grad(), _modes_kept(self.box.model):
+            self.box.model.eval()
+            z = self._plain_logits(x_adv)
+        ref = ref.to(z.device)
+        fooled = self.task.fooled(z, ref, targeted=targeted)
+        d = x_adv - x
+        return AttackResult(x_adv=x_adv, fooled=fooled, linf=per_sample_norm(d, math.inf),
+                            l2=per_sample_norm(d, 2.0), logits=z.detach(), y=ref, pred=self.task.predict(z))
+
+    def _plain_logits(self, x: Tensor) -> Tensor:
+        """The wrapped model on data-unit ``x`` (normalisation included), as the user's own evaluation sees it."""
+        z = self.box.model(self.norm(x) if self.norm is not None else x)
+        check_first_output(self, self.task, z)
+        return z
+
+    def _attack(self, atk: torchattacks.attack.Attack, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor | None, bool]:
+        """The adversarial batch, the reference of the task's test on it (labels, or targets; ``None`` when
+        torchattacks drew the targets itself) and whether the test is targeted."""
         if not isinstance(atk, torchattacks.attack.Attack):
             raise TypeError(f"`atk` must be a torchattacks Attack, got {type(atk).__name__}")
         if atk.model is not self and not _is_lgv_copy(atk, self):
@@ -254,6 +348,7 @@ class TorchattacksModel(nn.Module):
         view = self._view(kind, tree)
         for a in tree:
             check_supported(SUPPORT, "torchattacks", _name(a), kind)
+        self._check_budgets(tree, u)
         lab = self.labels(y).to(u.device)
         name, mode = type(atk).__name__, atk.attack_mode
         # LGV hands its mode to the base attack it builds; FAB's own targeted modes work on multi-class logits
@@ -309,7 +404,13 @@ class TorchattacksModel(nn.Module):
             u_adv = torch.where(bad.reshape(-1, *[1] * (u.ndim - 1)), u.to(x), u_adv)
         lo = self.box.lo.to(x)
         # decoding only the perturbation keeps untouched voxels exact; the clamp removes round-off
-        return torch.clamp(self.decode(u_adv, x), lo, lo + self.box.scale.to(x))
+        x_adv = torch.clamp(self.decode(u_adv, x), lo, lo + self.box.scale.to(x))
+        if not atk.targeted:
+            return x_adv, _as_task_labels(self.task, y, lab), False
+        if target is not None:
+            return x_adv, _as_task_labels(self.task, y, target), True
+        # torchattacks' own targeted modes (FAB on logits, LGV) draw the targets internally; by label: y itself
+        return x_adv, (y if mode == "targeted(label)" else None), True
 
     def _targets(self, atk: Any, u: Tensor, lab: Tensor, z0: Tensor | None) -> Tensor:
         """The targets of ``atk``'s targeted mode, per sample / label / voxel, in torchattacks' label form."""
@@ -341,6 +442,14 @@ class TorchattacksModel(nn.Module):
                                          f"[1, {k - 1}] for {k} classes")
         z = z0.detach().scatter(1, lab.unsqueeze(1), float("inf"))  # the label itself is never the target
         return z.kthvalue(kth, dim=1).indices
+
+def _as_task_labels(task: Task, y: Tensor, lab: Tensor) -> Tensor:
+    """Labels or targets in torchattacks' form (class indices) back in the task's own form: multi-hot vectors
+    in ``y``'s dtype for multi-label, integer indices / label maps otherwise."""
+    if task.label_source == "vector":
+        return lab.to(y.dtype if y.is_floating_point() else torch.float32)
+    return lab
+
 
 @contextlib.contextmanager
 def _modes_kept(model: nn.Module) -> Iterator[None]:
@@ -406,6 +515,32 @@ def _task_margin(task: Task, z: Tensor, ref: Tensor, targeted: bool) -> Tensor:
     return (mean - task.dice_threshold).to(z.dtype)
 
 
+#: how far past the task's boundary (in margin units: logits for multi-label, soft Dice for segmentation) the
+#: margin view reports success: a sample left exactly on the boundary flips back under the round-off of another
+#: batch size or thread count (DeepFool's multi-label result sat at a margin of +1e-6 in a batch of 4, -2e-7 alone)
+_DECISION_TOL = 1e-4
+
+
+def _decided_margin(task: Task, z: Tensor, ref: Tensor, targeted: bool, m: Tensor) -> Tensor:
+    """The margin the margin-view attacks see, such that what they report as success (CW's and DeepFool's
+    arg-max, Square's margin below 0) is the task's own test, ``task.fooled``, with a little room to spare.
+
+    ``m`` (> 0: not fooled / target reached) is shifted by :data:`_DECISION_TOL` towards "not done", so success
+    needs ``m`` past the boundary by that much, not on it. The soft margin (a soft Dice for segmentation) can
+    also disagree with the hard test: CW kept "successes" whose hard Dice was still above the threshold. Where
+    the shifted margin says done and the task's test does not, its value becomes ``±eps`` on the "not done" side;
+    the gradient stays the soft margin's (straight-through), so the attacks keep their direction.
+    """
+    with torch.no_grad():
+        done = task.fooled(z, ref, targeted=targeted)  # untargeted: left the labels; targeted: reached the target
+        tiny = torch.full_like(m, torch.finfo(m.dtype).eps)
+        if targeted:  # reached: m > 0
+            value = torch.where(done | (m - _DECISION_TOL <= 0), m - _DECISION_TOL, -tiny)
+        else:  # fooled: m < 0
+            value = torch.where(done | (m + _DECISION_TOL >= 0), m + _DECISION_TOL, tiny)
+    return m + (value - m).detach()
+
+
 def _tree(atk: Any) -> list[Any]:
     """``atk`` and every attack it runs (MultiAttack members, AutoAttack's, SparseFool's DeepFool, LGV's base)."""
     out = [atk, *atk.__dict__.get("_attacks", {}).values()]
@@ -413,6 +548,22 @@ def _tree(atk: Any) -> list[Any]:
         out.append(_Proxy(atk.attack_class))
     seen: set[int] = set()
     return [a for a in out if not (id(a) in seen or seen.add(id(a)))]  # type: ignore[func-returns-value]
+
+
+#: torchattacks' budget arguments (constructor names, stored under the same attribute)
+_BUDGET_ARGS = ("eps", "max_epsilon")
+
+
+def _budget_args(a: Any) -> tuple[str, ...]:
+    """The budget arguments an attack's constructor takes (from torchattacks' own signatures, so a release that
+    adds a budgeted attack is covered); none for a class not built yet (LGV's base attack)."""
+    if isinstance(a, _Proxy):
+        return ()
+    try:
+        params = inspect.signature(type(a).__init__).parameters
+    except (TypeError, ValueError):
+        return ()
+    return tuple(n for n in _BUDGET_ARGS if n in params)
 
 
 class _Proxy:

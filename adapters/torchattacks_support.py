@@ -14,7 +14,10 @@ How the ``ok`` cells are made to work (``w.attack(atk, x, y)`` with ``w = Torcha
   logit margins against the best other class, per-class Jacobians, softmax scores) see a two-class
   classifier per sample, ``[m, 0]``, where ``m`` is the task's margin against the labels: the smallest
   per-label margin for multi-label (``m < 0`` exactly when a label is flipped: the task's own "fooled"),
-  the mean per-voxel logit margin for segmentation (``m < 0``: on average the voxels left their label).
+  the soft (softmax) mean Dice minus the task's ``dice_threshold`` for segmentation. Its sign is the task's own
+  test with a margin of 1e-4 to spare: what these attacks report as success (an arg-max change, a margin below
+  0) is ``task.fooled`` on the result, and :meth:`TorchattacksModel.attack_result` returns that flag, which
+  torchattacks does not (CW, Square and others return the clean input where they fail).
   ``w.attack`` runs them one sample at a time (the rows an attack evaluates are then copies of that sample).
   Targeted (``set_mode_targeted_by_label``), the margin is taken against the target, ``[0, m_t]``, and
   torchattacks drives the sample to class 1.

@@ -42,11 +42,34 @@ ADVERSARIAL_DIR = "adversarial"
 
 
 def _existing_outputs(out: Path) -> list[Path]:
-    found = [out / f for f in OUTPUT_FILES if (out / f).exists()]
+    """medadv's outputs in ``out``, links among them included (a dangling link is there too: ``lexists``)."""
+    import os
+
+    found = [out / f for f in OUTPUT_FILES if os.path.lexists(out / f)]
     found += sorted(p for g in OUTPUT_GLOBS for p in out.glob(g))
-    if (out / ADVERSARIAL_DIR).is_dir():
+    if os.path.lexists(out / ADVERSARIAL_DIR):
         found.append(out / ADVERSARIAL_DIR)
     return found
+
+
+def _check_no_links(out: Path) -> None:
+    """Refuse, before any work, an output folder where a file medadv writes is a link (symbolic, dangling or
+    not, or a second hard link): a link planted there would make the write land outside the folder (issue 28).
+    ``--overwrite`` removes such links instead (:func:`_prepare_output`); the writers refuse links anyway
+    (:mod:`medadv.safe_io`), this says so before the model is built."""
+    import os
+
+    from .safe_io import check_not_linked
+
+    for p in _existing_outputs(out):
+        if p.name == ADVERSARIAL_DIR and not p.is_symlink():
+            _check_adversarial_links(out)  # folders linked within the output folder are fine (save.check_inside)
+            for folder, _, files in os.walk(p):  # a file is written only as a regular file: no link of any kind
+                for name in files:
+                    check_not_linked(Path(folder) / name, hard_links=False)
+            continue
+        # a hard link matters where medadv appends (the logs); a file written whole replaces its own name only
+        check_not_linked(p, hard_links=p.suffix == ".jsonl")
 
 
 def _occupied(out: Path, before: str | None, fingerprint: str) -> FileExistsError:
@@ -68,16 +91,31 @@ def _check_output(out: Path, fingerprint: str, overwrite: bool) -> str:
         return "new"
     if overwrite:
         return "replace"
+    _check_no_links(out)
     try:
         before = json.loads((out / "run.json").read_text()).get("fingerprint")
     except (OSError, ValueError, AttributeError):
         before = None
+    if before is None and (out / "run.json").exists():
+        raise FileExistsError(f"output folder {out} holds a run.json that is not one medadv wrote (unreadable, or "
+                              "no fingerprint): pass --overwrite to replace the folder's results, or give another "
+                              "`output` (or --output)")
     if before == fingerprint:
+        _read_logs(out)  # a line that is not medadv's is refused now, before any work (not after the model is built)
         return "resume"
     logs_only = all(p.name == "log.jsonl" or p.match("log.rank*.jsonl") or p.name == ADVERSARIAL_DIR for p in found)
     if before is None and not (out / "run.json").exists() and logs_only:
         return "adopt"
     raise _occupied(out, before, fingerprint)
+
+
+def _read_logs(out: Path) -> list[Any]:
+    """Every row of the folder's logs (``log.jsonl`` and the per-rank logs); a line that is not a row of medadv's
+    log is a ``ValueError`` naming the file and line (:meth:`medadv.results.Results.read_log`)."""
+    from . import distributed
+    from .results import Results
+
+    return [r for p in distributed.log_files(out / "log.jsonl") for r in Results.read_log(p).rows]
 
 
 def _row_fingerprints(model: Any, task: Any, attacks: Any, cfg: dict[str, Any], target_fn: Any) -> dict[str, str]:
@@ -96,10 +134,7 @@ def _row_fingerprints(model: Any, task: Any, attacks: Any, cfg: dict[str, Any], 
 def _adopt(out: Path, fingerprint: str, expected: dict[str, str]) -> str:
     """``"adopt"`` when every row of the folder's logs came from this config's settings (a run of this config
     killed before ``run.json`` was there: its rows are resumed, not thrown away), else the "unknown run" error."""
-    from . import distributed
-    from .results import Results
-
-    rows = [r for p in distributed.log_files(out / "log.jsonl") for r in Results.read_log(p).rows]
+    rows = _read_logs(out)
     ours = all(isinstance(r, dict) and r.get("config") is not None and expected.get(str(r.get("attack"))) == r["config"]
                for r in rows)
     if ours and (rows or not (out / ADVERSARIAL_DIR).exists()):
@@ -108,18 +143,11 @@ def _adopt(out: Path, fingerprint: str, expected: dict[str, str]) -> str:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    """``path`` holds ``text`` in full or is as it was: a temporary file beside it, flushed to disk, renamed."""
-    import os
+    """``path`` holds ``text`` in full or is as it was: a temporary file beside it, flushed to disk, renamed;
+    never written through a link (:mod:`medadv.safe_io`)."""
+    from .safe_io import write_text
 
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_text(path, text)
 
 
 def _prepare_output(out: Path, action: str, record: dict) -> None:
@@ -132,10 +160,10 @@ def _prepare_output(out: Path, action: str, record: dict) -> None:
 
     if action == "replace":
         for p in _existing_outputs(out):
-            if p.name == "run.json":
-                continue  # overwritten atomically below
+            if p.name == "run.json" and not p.is_symlink():
+                continue  # overwritten atomically below (a link there is removed first: never written through)
             if p.is_symlink() or not p.is_dir():
-                p.unlink()  # a link is removed, never followed
+                p.unlink()  # a link is removed, never followed (a hard link: only this name goes)
             else:
                 shutil.rmtree(p)
     out.mkdir(parents=True, exist_ok=True)
@@ -268,7 +296,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     check_targets(attacks, cfg["target"], target_fn if isinstance(target_fn, dict) else None)
     for spec in [cfg["model"], *(cfg["models"] or {}).values()]:
         check_model(spec, base, allow_code=allow_code)
-    check_data(cfg["data"], base, task)
+    check_data(cfg["data"], base, task, allow_code=allow_code)
     names = class_names(cfg)
     out = Path(args.output or cfg["output"])
     if not out.is_absolute() and not args.output:
@@ -280,11 +308,12 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         action = _check_output(out, fingerprint, args.overwrite)  # every rank decides before rank 0 acts
         torch.manual_seed(cfg["seed"])  # before the model is built: its random parts follow the config's seed
         model = wrap_inference(build_model(cfg["model"], base, allow_code=allow_code, task=task), cfg["inference"])
-        model = model.to(distributed.device())
-        data = build_loader(cfg["data"], base, batch_size=cfg["batch_size"], task=task, seed=cfg["seed"])
+        model = task.logits_model(model.to(distributed.device()))  # `outputs: probabilities`: logits for all below
+        data = build_loader(cfg["data"], base, batch_size=cfg["batch_size"], task=task, seed=cfg["seed"],
+                            allow_code=allow_code)
         if action == "adopt":  # logs without run.json: resumed if every row is this config's (every rank decides)
             action = _adopt(out, fingerprint, _row_fingerprints(model, task, attacks, cfg, target_fn))
-        if cfg["save_adversarial"]:
+        if cfg["save_adversarial"] and action != "replace":  # --overwrite removes the folder, links and all
             _check_adversarial_links(out)
         # the output folder is touched only once the model and the data are ready: a failed start leaves it as is
         distributed.barrier()
@@ -370,7 +399,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             attempt(lambda: check_targets(attacks, cfg["target"], fns if isinstance(fns, dict) else None))
     for spec in [cfg["model"], *(cfg["models"] or {}).values()]:
         attempt(functools.partial(check_model, spec, cfg["_dir"], allow_code=allow_code))
-    attempt(lambda: check_data(cfg["data"], cfg["_dir"], task))
+    attempt(lambda: check_data(cfg["data"], cfg["_dir"], task, allow_code=allow_code))
     attempt(lambda: class_names(cfg))
     out = Path(cfg["output"]) if Path(cfg["output"]).is_absolute() else Path(cfg["_dir"]) / cfg["output"]
     attempt(lambda: _check_output_writable(out))  # created and removed again if it is not there
@@ -445,7 +474,8 @@ def describe_task(name: str) -> str:
     keys = ", ".join(p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}" for p in params)
     lines.append(f"  config: task: {{type: {cls.name}{', ' if keys else ''}{keys}}}")
     if cls.auto_members:
-        lines.append(f"  auto:   {', '.join(cls.auto_versions['standard']['attacks'])} (standard)")
+        lines.append(f"  auto:   {', '.join(cls.auto_versions['standard']['attacks'])} (standard)"
+                     + (f"; {note}" if (note := getattr(cls, "auto_note", "")) else ""))
     mro = {c.__name__ for c in cls.__mro__}
     apply = [a for a in available_attacks() if not attack_class(a).tasks or set(attack_class(a).tasks) & mro]
     lines.append(f"  attacks declared for it: {len(apply)} of {len(available_attacks())} ({', '.join(apply)})")
@@ -468,8 +498,10 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
     return 0
 
 
-_ALLOW_CODE_HELP = ("let the config run code: model builders and `target` functions outside medadv, MONAI and "
-                    "torchvision, and Python files outside the config's folder (same as `allow_code: true`)")
+_ALLOW_CODE_HELP = ("let the config run code: model builders that are not network classes or declared network "
+                    "factories, `target` functions, MONAI transforms that run code or write files, code outside "
+                    "medadv, MONAI and torchvision, and Python files outside the config's folder (same as "
+                    "`allow_code: true`)")
 
 
 def build_parser() -> argparse.ArgumentParser:

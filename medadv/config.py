@@ -23,7 +23,7 @@ Example::
     batch_size: 4
     output: results/
 
-``model`` names the network in one of four ways, each with ``kwargs`` (its keyword arguments) and an
+``model`` names the network in one of five ways, each with ``kwargs`` (its keyword arguments) and an
 optional ``checkpoint``::
 
     model: {builder: small_unet, kwargs: {num_classes: 4}}          # a medadv.models builder
@@ -33,6 +33,7 @@ optional ``checkpoint``::
     model: {builder: "nets/mynet.py:MyNet", kwargs: {width: 16}}   # a class or function in a file
     model: {builder: "mypackage.models:build"}                     # anything importable
     model: {torchscript: model.pt}                                  # torch.jit.save'd: no kwargs
+    model: {zoo: deepbet, kwargs: {size: 192}}                      # medadv.models.zoo: published weights
 
 Files are relative to the config's folder. ``checkpoint`` is a state dict, or a mapping holding one under
 ``state_dict``, ``model_state_dict`` or ``model``; ``strip_prefix: module.`` removes a prefix (as
@@ -42,11 +43,19 @@ with the config's ``seed`` (``model.seed`` to change it): the same every run, an
 
 **A config can run code.** ``builder`` names a function that medadv calls, and a Python file named
 there runs when the model is built (``medadv validate`` only reads it); ``target`` may name a function
-too. ``medadv evaluate`` runs builders and target functions of medadv, MONAI and torchvision, and Python
-files inside the config's folder; anything else (``builder: "mypkg.nets:build"``, ``../nets/net.py:Net``,
-``builder: "os:system"``) only with ``--allow-code`` or ``allow_code: true`` in the config. Builders that
-are not an ``nn.Module`` class or a Python function returning one are refused as well, but these are
-guards against mistakes, not a sandbox: run only configs you would run as scripts.
+too. Without ``--allow-code`` (or ``allow_code: true`` in the config) ``medadv evaluate`` builds only what
+builds a network, decided before anything is called: an ``nn.Module`` class of medadv, MONAI or torchvision
+(``issubclass``, nothing called), one of their declared network factories
+(:func:`medadv.models.loading.network_factories`: torchvision's registered models, MONAI's network functions,
+medadv's builders), or a class or function of a Python file inside the config's folder. Any other function,
+even of an allow-listed package (``monai.utils.module:optional_import`` imports any module,
+``monai.networks.utils:save_state`` writes anywhere), any ``target`` function, any MONAI transform that runs
+code or writes files (:data:`CODE_TRANSFORM_ARGS`, a loader ``reader`` that is not one of MONAI's by name),
+code elsewhere (``builder: "mypkg.nets:build"``, ``../nets/net.py:Net``, ``builder: "os:system"``) needs the
+opt-in. With it, builders that are not an ``nn.Module`` class or a Python function returning one are still
+refused, but these are guards against mistakes, not a sandbox: run only configs you would run as scripts.
+Outputs are written only as regular files inside the output folder, never through a link
+(:mod:`medadv.safe_io`).
 
 ``model.train: {data: {source: mni152, ...}, epochs: 10, lr: 0.01}`` fits the network to built-in data with the
 task's loss before it is evaluated (weights cached in medadv's cache folder under a hash of the network, task,
@@ -88,6 +97,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 import warnings
@@ -167,6 +177,86 @@ def _allow_module(spec: str, where: str, allow_code: bool) -> None:
         raise CodeNotAllowedError([f"`{where}` {spec!r} is code outside {', '.join(TRUSTED_PACKAGES)}: {_OPT_IN}"])
 
 
+def _allow_network(fn: Any, where: str, allow_code: bool) -> None:
+    """Without ``allow_code``, only what builds a network: an ``nn.Module`` subclass or a declared network factory
+    (:func:`medadv.models.loading.builds_network`), decided from the resolved object before anything is called.
+    Any other function of medadv, MONAI or torchvision is code (``monai.utils.module:optional_import`` imports any
+    module, ``torchvision.datasets.utils:extract_archive`` writes anywhere)."""
+    from .models.loading import builds_network
+
+    if allow_code or builds_network(fn):
+        return
+    kind = (f"the class {fn.__qualname__}, not an nn.Module" if isinstance(fn, type) else
+            f"a {type(fn).__name__} that is not a declared network factory")
+    raise CodeNotAllowedError([f"{where} is {kind}: without --allow-code a config names only nn.Module classes and "
+                               "the network factories medadv declares (torchvision's registered models, MONAI's "
+                               f"networks, medadv.models builders); {_OPT_IN}"])
+
+
+def _allow_target(spec: str, allow_code: bool) -> None:
+    """A ``target`` naming a function runs it: outside medadv/MONAI/torchvision as any code, and inside them too
+    (no function of theirs is declared a target function) only with ``allow_code``; decided from the text."""
+    _allow_module(spec, "target", allow_code)
+    if not allow_code:
+        raise CodeNotAllowedError([f"`target` {spec!r} names a function, which medadv would call: without "
+                                   f"--allow-code `target` is one of {', '.join(TARGET_KINDS)}; {_OPT_IN}"])
+
+
+#: arguments of MONAI transforms that run code or write files (``Lambdad(func=...)``, ``SaveImaged(output_dir=...)``,
+#: ``WriteFileMappingd(mapping_file_path=...)``): a transform taking one is named only with ``allow_code``
+CODE_TRANSFORM_ARGS = ("func", "inv_func", "post_func", "saver", "writer", "output_dir", "data_root_dir",
+                       "savepath_in_metadict", "mapping_file_path", "logger_handler")
+
+
+def _reader_class(value: Any) -> bool:
+    """Whether a ``reader`` value names one of MONAI's image readers (a key of ``SUPPORTED_READERS`` or an
+    ``ImageReader`` subclass of ``monai.data``): anything else, a dotted path above all, is code that MONAI would
+    locate and call with the transform's arguments."""
+    import monai.data
+    from monai.transforms.io.array import SUPPORTED_READERS
+
+    if value is None:
+        return True
+    if isinstance(value, list | tuple):
+        return all(_reader_class(v) for v in value)
+    if not isinstance(value, str):
+        return False
+    if value.lower() in SUPPORTED_READERS:
+        return True
+    obj = getattr(monai.data, value, None) if value.isidentifier() else None
+    return isinstance(obj, type) and issubclass(obj, monai.data.ImageReader)
+
+
+def _allow_transforms(spec: Mapping[str, Any], allow_code: bool) -> None:
+    """Without ``allow_code``, the data transforms a config names neither run code nor write files: no transform
+    taking one of :data:`CODE_TRANSFORM_ARGS`, and a loader's ``reader`` one of MONAI's readers by name."""
+    if allow_code:
+        return
+    conf = _file_source(spec)
+    if conf is None or not conf.transforms:
+        return
+    from .data.sources import monai_transforms
+
+    table = monai_transforms()
+    for i, entry in enumerate(conf.transforms):
+        cls = table.get(entry.name)
+        if cls is None:
+            continue
+        try:
+            params = inspect.signature(cls).parameters
+        except (TypeError, ValueError):
+            params = {}  # type: ignore[assignment]
+        code = [a for a in CODE_TRANSFORM_ARGS if a in params]
+        if code:
+            raise CodeNotAllowedError([f"`data.transforms[{i}]` {entry.name} takes `{code[0]}`: it runs code or writes "
+                                       f"files, and a config does so only with --allow-code; {_OPT_IN}"])
+        reader = entry.args().get("reader")
+        if not _reader_class(reader):
+            raise CodeNotAllowedError([f"`data.transforms[{i}].reader` {str(reader)[:80]!r} is not one of MONAI's "
+                                       "image readers (ITKReader, NibabelReader, PILReader, PydicomReader, NumpyReader"
+                                       f", ...): MONAI would import and call it; {_OPT_IN}"])
+
+
 def _allow_file(path: Path, spec: str, where: str, base_dir: str | None, allow_code: bool) -> None:
     if not allow_code and not _inside(path, base_dir):
         raise CodeNotAllowedError([f"`{where}` {spec!r} is a Python file outside the config's folder "
@@ -182,6 +272,10 @@ def _unique_key_loader() -> type:
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
             seen: set[Any] = set()
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    # `<<: *defaults` merges a mapping in (SafeLoader's flatten_mapping, in super() below); the
+                    # keys given beside it override the merged ones, as YAML says: not a key given twice
+                    continue
                 key = self.construct_object(key_node, deep=deep)
                 try:
                     twice = key in seen
@@ -208,8 +302,14 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"config file not found: {p.resolve()}")
+    data = p.read_bytes()
     try:
-        raw = yaml.load(p.read_text(), Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:  # a binary file, or text in another encoding: one line naming the file
+        raise ConfigError([f"{p}: not a UTF-8 text file (byte 0x{data[e.start]:02x} at position {e.start}): a config "
+                           "is YAML text; save it as UTF-8"]) from None
+    try:
+        raw = yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader
     except RecursionError:
         raise ConfigError([f"{p}: not valid YAML: nested too deeply"]) from None
     except yaml.YAMLError as e:
@@ -334,6 +434,19 @@ def _network(conf: ModelSection, base_dir: str | None, *, load: bool,
             return load_torchscript(path, "cpu", where="`model.torchscript`")
 
         return scripted
+    if kind == "zoo":  # published weights from an installed package: no code named, so no allow_code needed
+        from .models import zoo
+
+        try:
+            zoo.check_kwargs(name, kwargs)
+        except ValueError as e:
+            raise ConfigError([f"`model.zoo`: {e}"]) from None
+        if not load:  # `medadv validate`: the package and weights are looked up, not loaded
+            why = zoo.missing(name) if "distribution" not in kwargs else None
+            if why is not None:
+                raise ConfigError([f"`model.zoo` {name!r}: {why}"])
+            return None
+        return functools.partial(zoo.load_model, name, **kwargs)
     # pretrained weights are refused by the argument's name, whatever module the builder comes from
     loading.refuse_downloads(kwargs, "model.kwargs")
     if kind == "monai":
@@ -353,7 +466,9 @@ def _network(conf: ModelSection, base_dir: str | None, *, load: bool,
         # trust is decided from the text: finding the module imports its parent packages (their code runs)
         _allow_module(name, "model.builder", allow_code)
         mod, attr = _module_exists(name, "model.builder")
-        if not load and mod not in sys.modules:  # importing a user module runs its code: only find it
+        # importing a user module runs its code: only find it (medadv, MONAI, torchvision are imported to check
+        # that the name builds a network)
+        if not load and mod not in sys.modules and not _trusted_module(name):
             return None
         fn = _import(name, "model.builder")
     else:
@@ -369,6 +484,9 @@ def _network(conf: ModelSection, base_dir: str | None, *, load: bool,
             raise ConfigError([f"`model.builder`: unknown model builder {name!r}{hint} (use a medadv.models builder, "
                                "'path/to/file.py:Name', 'package.module:function', or `monai:`/`torchvision:`)"])
         fn = getattr(models, name)
+    # before anything is called: only what builds a network (a Python file beside the config is the user's own code,
+    # trusted as the config is: _allow_file decided on it above)
+    _allow_network(fn, where, allow_code or (kind == "builder" and _file_spec(name) is not None))
     loading.check_builder(fn, where)
     loading.check_kwargs(fn, kwargs, "model.kwargs")
     kwargs = loading.no_download(fn, kwargs, "model.kwargs")  # a default that downloads is switched off
@@ -438,7 +556,7 @@ def build_model(spec: Mapping[str, Any], base_dir: str | None = None, *, seed: i
         if task is None:
             raise ValueError("`model.train` needs the task whose loss it minimises: pass `task=`")
         trained_weights(model, conf, task, base_dir, seed)
-    elif path is None and conf.torchscript is None:
+    elif path is None and conf.torchscript is None and conf.zoo is None:  # a zoo model has its weights
         kind, name = conf.network()
         warnings.warn(f"model {kind} {name!r} has no `checkpoint`: its weights are random, drawn with seed {seed} "
                       "(the same every run); give `model.checkpoint` to evaluate trained weights",
@@ -540,9 +658,9 @@ def class_names(cfg: Mapping[str, Any]) -> list[str] | None:
 
             path = _relative(str(data["path"]), cfg.get("_dir"))
             try:
-                with path.open(newline="") as f:
+                with path.open(newline="", encoding="utf-8-sig") as f:  # a byte-order mark is no column name
                     header = next(csv.reader(f), [])
-            except OSError:  # check_data names a missing CSV
+            except (OSError, ValueError):  # check_data names a missing or undecodable CSV
                 header = []
             columns = [c for c in header if c not in (data.get("image_column"), data.get("id_column"))] or None
         if columns is not None and given is not None and len(given) != len(columns):
@@ -564,31 +682,10 @@ def _data_loader(spec: Mapping[str, Any], base_dir: str | None) -> Callable[[], 
         raise ConfigError([f"`data.source: {conf.source}` streams cases from files: use build_loader(), which "
                            "returns a DataLoader of dict batches"])
     if isinstance(conf, NpzData):
-        import numpy as np
+        from .data.npz import npz_loader
 
-        path = Path(conf.path)
-        if not path.is_absolute() and base_dir:
-            path = Path(base_dir) / path
-        if not path.is_file():
-            raise FileNotFoundError(f"data file not found: {path.resolve()} (expected an .npz with arrays x and y)")
-        try:
-            with np.load(path) as arr:  # reads the archive's table of contents only
-                files = list(arr.files)
-        except (OSError, ValueError) as e:
-            raise ConfigError([f"`data.path`: {path} is not a readable .npz ({e})"]) from None
-        missing = [k for k in ("x", "y") if k not in files]
-        if missing:
-            raise ConfigError([f"`data.path`: {path.name} has no array {' or '.join(map(repr, missing))} "
-                               f"(it has {', '.join(map(repr, files)) or 'none'}); an .npz for medadv holds "
-                               "x (inputs) and y (labels)"])
-        n = conf.n
-
-        def load_npz() -> tuple[Tensor, Tensor]:
-            with np.load(path) as arr:
-                x, y = arr["x"][:n], arr["y"][:n]
-            return torch.from_numpy(x).float(), torch.from_numpy(y)
-
-        return load_npz
+        # every check of the archive (0 cases, damaged, complex) lives with the data sources
+        return npz_loader(_relative(conf.path, base_dir), conf.n)
     kw = dict(conf.kwargs)
     fn: Callable[..., tuple[Tensor, Tensor]]
     if isinstance(conf, SyntheticData):
@@ -620,13 +717,17 @@ def _file_source(spec: Mapping[str, Any]) -> FilesData | DatalistData | CsvData 
     return conf if conf.source in FILE_SOURCES else None
 
 
-def check_data(spec: Mapping[str, Any], base_dir: str | None = None, task: Task | None = None) -> None:
+def check_data(spec: Mapping[str, Any], base_dir: str | None = None, task: Task | None = None, *,
+               allow_code: bool = True) -> None:
     """What :func:`build_loader` would refuse, without reading an image or an array.
 
     Built-in sources: the names, keyword arguments and files. File sources (``files``, ``datalist``,
     ``csv``): the files exist, the labels fit ``task``, and the MONAI transforms resolve, take the
-    arguments given and name keys the cases have (:func:`medadv.data.sources.check_source`).
+    arguments given and name keys the cases have (:func:`medadv.data.sources.check_source`); with
+    ``allow_code`` false, no transform runs code or writes files (:data:`CODE_TRANSFORM_ARGS`, a ``reader``
+    that is not one of MONAI's by name).
     """
+    _allow_transforms(spec, allow_code)  # before any transform is built: building one may import and call code
     conf = _file_source(spec)
     if conf is None:
         _data_loader(spec, base_dir)
@@ -643,13 +744,15 @@ def build_data(spec: Mapping[str, Any], base_dir: str | None = None) -> tuple[Te
 
 
 def build_loader(spec: Mapping[str, Any], base_dir: str | None = None, *, batch_size: int = 8,
-                 task: Task | None = None, seed: int = 0) -> Iterable[Any]:
+                 task: Task | None = None, seed: int = 0, allow_code: bool = True) -> Iterable[Any]:
     """The configured data as an iterable of batches, in a fixed order.
 
     File sources stream MONAI-collated dict batches (``image``, ``label``, ``case_id``; see
     :mod:`medadv.data.sources`) through a ``DataLoader``: only one batch is read at a time. Built-in
-    sources give ``(x, y)`` tensor batches.
+    sources give ``(x, y)`` tensor batches. ``allow_code`` false refuses transforms that run code or write
+    files (:func:`check_data`).
     """
+    _allow_transforms(spec, allow_code)
     conf = _file_source(spec)
     if conf is not None:
         from .data.sources import make_loader
@@ -657,6 +760,10 @@ def build_loader(spec: Mapping[str, Any], base_dir: str | None = None, *, batch_
         return make_loader(conf, base_dir, batch_size=batch_size, label_source=task.label_source if task is not None else None,
                            seed=seed)
     x, y = build_data(spec, base_dir)
+    if task is not None:  # class indices and label maps are integers: refused before any batch is attacked
+        from .data.npz import check_integer_labels
+
+        check_integer_labels(y, spec, task.label_source)
     return [(x[i: i + batch_size], y[i: i + batch_size]) for i in range(0, x.shape[0], batch_size)]
 
 
@@ -812,7 +919,7 @@ def build_target_fn(spec: str | None, task: Task, *, allow_code: bool = True) ->
     if not isinstance(spec, str):
         raise ValueError(f"`target` must be background, least_likely or 'package.module:function', got {spec!r}")
     if ":" in spec:
-        _allow_module(spec, "target", allow_code)  # from the text, before finding the module imports its package
+        _allow_target(spec, allow_code)  # from the text, before finding the module imports its package
         _module_exists(spec, "target")
         return _import(spec, "target")
     kind = spec.lower()
@@ -822,6 +929,10 @@ def build_target_fn(spec: str | None, task: Task, *, allow_code: bool = True) ->
 
         return _named(background, "target:background")
     if kind == "least_likely":
+        if not task.class_scores:  # values (regression) have no least-likely class: refused before any work
+            raise ValueError(f"`target: least_likely` needs class scores, and the outputs of {task!r} are values: "
+                             "give your own `target: package.module:function`")
+
         def least_likely(x: Tensor, y: Tensor, logits: Tensor) -> Tensor:
             return task.least_likely(logits).to(y.dtype)
 
@@ -878,7 +989,7 @@ def build_target_fns(cfg: Mapping[str, Any], task: Task, attacks: Mapping[str, A
 def check_target(spec: str | None, task: Task, *, allow_code: bool = True) -> None:
     """What :func:`build_target_fn` would refuse, without importing a user module."""
     if isinstance(spec, str) and ":" in spec:
-        _allow_module(spec, "target", allow_code)  # from the text, before finding the module imports its package
+        _allow_target(spec, allow_code)  # from the text, before finding the module imports its package
         _module_exists(spec, "target")
     else:
         build_target_fn(spec, task)

@@ -37,6 +37,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from .params import InvalidParameterError, closest
+from .threats import MAX_BUDGET_FRACTION
 
 __all__ = ["ConfigError", "Config", "AttackPlan", "AttackEntry", "ModelSection", "TrainSection", "ReportSection", "entry_label", "MODEL_KINDS", "TaskSection", "DataSection",
            "DATA_SOURCES", "FILE_SOURCES", "TransformEntry", "FilesData", "DatalistData", "CsvData", "InferenceSection",
@@ -68,7 +69,14 @@ def parse_budget(value: Any) -> float:
         out = float(value)
     if not math.isfinite(out) or out < 0:
         raise PydanticCustomError("budget", "must be a finite number >= 0; got {given}", {"given": _given(value)})
+    if out > FLOAT32_MAX:  # a perturbation of 1e308 overflows the float32 inputs it is added to
+        raise PydanticCustomError("budget", "must be at most 3.4e38 (the largest float32: inputs are attacked in "
+                                  "float32); got {given}", {"given": _given(value)})
     return out
+
+
+#: the largest float32: budgets and bounds beyond it overflow the inputs they apply to
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def _pick(value: Any, options: tuple[str, ...], aliases: Mapping[str, str], field: str = "") -> str:
@@ -116,7 +124,7 @@ def _task_types() -> tuple[str, ...]:
 #: the registered task kinds (:func:`medadv.tasks.available_tasks`) when the schema was built; a config's
 #: ``task.type`` may also name a Task class by dotted path (``package.module:Class``, with ``allow_code``)
 TASK_TYPES = _task_types()
-MODEL_KINDS = ("builder", "monai", "torchvision", "torchscript")
+MODEL_KINDS = ("builder", "monai", "torchvision", "torchscript", "zoo")
 DATA_SOURCES = ("mni152", "synthetic", "npz", "files", "datalist", "csv")
 FILE_SOURCES = ("files", "datalist", "csv")  # read through MONAI transforms, streamed batch by batch
 
@@ -159,14 +167,16 @@ class _Section(BaseModel):
 
 
 class ModelSection(_Section):
-    """The network: exactly one of ``builder``, ``monai``, ``torchvision``, ``torchscript``; then weights.
+    """The network: exactly one of ``builder``, ``monai``, ``torchvision``, ``torchscript``, ``zoo``; then weights.
 
     * ``builder``: a :mod:`medadv.models` builder (``small_unet``), ``path/to/file.py:Name`` (a class or a
       function returning an ``nn.Module``, in a file relative to the config's folder) or
       ``package.module:function`` (importable from here);
     * ``monai``: a network of ``monai.networks.nets`` by name (``UNet``);
     * ``torchvision``: a torchvision model builder by name (``resnet18``), with no download;
-    * ``torchscript``: a file written by ``torch.jit.save`` (architecture and weights in one).
+    * ``torchscript``: a file written by ``torch.jit.save`` (architecture and weights in one);
+    * ``zoo``: a published pretrained model of :mod:`medadv.models.zoo` by name (``deepbet``), weights from an
+      installed package (not code: no ``allow_code``).
 
     ``kwargs`` are the builder's keyword arguments; ``checkpoint`` a state-dict file (or a mapping holding
     one under ``state_dict``/``model_state_dict``/``model``) loaded strictly after ``strip_prefix`` is
@@ -177,6 +187,7 @@ class ModelSection(_Section):
     monai: str | None = Field(None, min_length=1)
     torchvision: str | None = Field(None, min_length=1)
     torchscript: str | None = Field(None, min_length=1)
+    zoo: str | None = Field(None, min_length=1)  # medadv.models.zoo by name
     kwargs: dict[str, Any] = {}
     checkpoint: str | None = Field(None, min_length=1)
     strip_prefix: str | None = Field(None, min_length=1)
@@ -211,12 +222,14 @@ class ModelSection(_Section):
 
 class MultiClassTask(_Section):
     type: Literal["multiclass"]
+    outputs: Annotated[str, _option(("logits", "probabilities"))] | None = None  # Task.outputs
     class_names: ClassNames | None = None  # one per model output, in output order (report only)
 
 
 class MultiLabelTask(_Section):
     type: Literal["multilabel"]
     threshold: Number = Field(0.5, gt=0.0, lt=1.0)
+    outputs: Annotated[str, _option(("logits", "probabilities"))] | None = None  # Task.outputs
     class_names: ClassNames | None = None  # one per label, in output order (default: a CSV's label columns)
 
 
@@ -229,6 +242,7 @@ class SegmentationTask(_Section):
     dice_threshold: Number = Field(0.5, ge=0.0, le=1.0)
     target_fraction: Number = Field(0.99, ge=0.0, le=1.0)
     squared_pred: Bool = False
+    outputs: Annotated[str, _option(("logits", "probabilities"))] | None = None  # Task.outputs
     class_names: ClassNames | None = None  # num_classes names, background (class 0) first (report only)
 
     @model_validator(mode="after")
@@ -306,13 +320,31 @@ def _path_list(value: Any) -> Any:
     return value
 
 
+def _id_template(value: Any) -> Any:
+    if isinstance(value, str) and value.count("{id}") != 1:
+        raise PydanticCustomError("pair", "must contain {id} once (the part of the name an image and its label "
+                                  "share), e.g. '{id}_seg'; got {given}", {"given": _given(value)})
+    return value
+
+
+class PairRule(_Section):
+    """``data.pair``: how image and label files pair (:mod:`medadv.data.sources`): the end of each path,
+    suffixes (``.nii.gz``, ``.png`` ...) removed, matches the template, and ``{id}`` is the same for both:
+    ``{image: "{id}_0000", label: "{id}"}`` (nnU-Net), ``{image: "{id}_t1", label: "{id}_seg"}`` (BraTS)."""
+
+    image: Annotated[str, BeforeValidator(_id_template)] = "{id}"
+    label: Annotated[str, BeforeValidator(_id_template)] = "{id}"
+
+
 class FilesData(_FileData):
     """Image files (and label maps): each a path or a glob, relative to the config's folder. NIfTI, DICOM
-    series folders, PNG/JPEG, NumPy; paired with ``labels`` by file name, else in sorted order."""
+    series folders, PNG/JPEG, NumPy; paired with ``labels`` by the ``pair`` rule (default: the same file name,
+    suffixes aside)."""
 
     source: Literal["files"]
     images: Annotated[str | list[str], BeforeValidator(_path_list)]
     labels: Annotated[str | list[str] | None, BeforeValidator(_path_list)] = None
+    pair: PairRule = PairRule()
 
 
 class DatalistData(_FileData):
@@ -376,15 +408,16 @@ class ThreatSection(_Section):
         if b is not None and not (math.isfinite(b[0]) and math.isfinite(b[1]) and b[0] < b[1]):
             raise PydanticCustomError("bounds", "must be [lo, hi] with finite lo < hi, or null; got {given}",
                                       {"given": b})
+        if b is not None and max(abs(b[0]), abs(b[1])) > FLOAT32_MAX:  # the box of float32 inputs
+            raise PydanticCustomError("bounds", "must lie within ±3.4e38 (the float32 range of the inputs); got "
+                                      "{given}", {"given": b})
         return b
 
 
 #: an L∞ budget above this fraction of the data range (``hi - lo``) is refused unless ``allow_large_budgets``
-MAX_BUDGET_FRACTION = 0.5
-
-
 def _check_budget_scale(threat: ThreatSection, budgets: Sequence[float] | None, allow: bool) -> None:
-    """Refuse an L∞ budget larger than :data:`MAX_BUDGET_FRACTION` of the data range: a budget in the wrong units
+    """Refuse an L∞ budget larger than :data:`MAX_BUDGET_FRACTION` of the data range (the rule of
+    :func:`medadv.threats.check_budget_scale`, said here as a config error naming the key): a budget in the wrong units
     (``8`` meant as 8/255 on data in [0, 1]) makes the ball the whole box, and its results mean nothing.
 
     Not for L2 (its norm sums over every element, so no single element's range bounds it) nor unbounded data.

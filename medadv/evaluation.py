@@ -323,6 +323,7 @@ class _Batch:
     affine: Tensor | None = None  # (N, 4, 4) float64 on the CPU, from the image MetaTensor
     meta: Mapping[str, Any] | None = None  # the image's (collated) metadata
     width_first: bool = False  # MONAI's layout (C, W, H) of 2-D images read by LoadImage's defaults (sources.width_first)
+    paths: dict[str, list[str]] | None = None  # row column -> the files of each case (sources.PATH_KEYS)
 
     def spacing(self) -> list[list[float]] | None:
         """Per-case voxel spacing (mm per spatial axis): the column norms of each affine's spatial block."""
@@ -377,7 +378,7 @@ def _labels(task: Task, x: Tensor, y: Any) -> Any:
 
 
 def _parse(batch: Any, task: Task, image_key: str, label_key: str) -> _Batch:
-    from .data.sources import width_first
+    from .data.sources import PATH_KEYS, width_first
 
     if isinstance(batch, Mapping):
         _batch_size(batch, image_key, label_key)  # the input key exists
@@ -389,7 +390,9 @@ def _parse(batch: Any, task: Task, image_key: str, label_key: str) -> _Batch:
         x = _plain_tensor(raw_x)
         ids = _case_ids(batch["case_id"], n) if batch.get("case_id") is not None else None
         meta = raw_x.meta if _is_meta_tensor(raw_x) else None
-        return _Batch(x, _labels(task, x, batch[label_key]), ids, _affines(raw_x, n), meta, width_first(meta))
+        paths = {col: _case_ids(batch[k], n) for k, col in PATH_KEYS.items() if batch.get(k) is not None}
+        return _Batch(x, _labels(task, x, batch[label_key]), ids, _affines(raw_x, n), meta, width_first(meta),
+                      paths or None)
     if not (isinstance(batch, tuple | list) and len(batch) >= 2):
         raise TypeError(_PAIR_ERROR.format(image=image_key, label=label_key))
     raw_x = batch[0]
@@ -478,6 +481,9 @@ def _clean_outcome(model: nn.Module, task: Task, x: Tensor, y: Tensor, logits: T
 def _batch_columns(task: Task, y: Tensor, clean: Outcome, adv: Outcome, *, hd95: bool, spacing: Any,
                    clean_hd95: Tensor | None = None) -> dict[str, Tensor]:
     cols = task.sample_columns(y, clean, adv)
+    volumes = getattr(task, "volume_columns", None)  # declared by segmentation: per-class volumes (ml) with a spacing
+    if spacing is not None and callable(volumes):
+        cols.update(volumes(y, clean, adv, spacing))
     if hd95:
         cols["clean_hd95"] = clean_hd95 if clean_hd95 is not None else _surface_columns(task, y, clean.pred, spacing)
         cols["adv_hd95"] = _surface_columns(task, y, adv.pred, spacing)
@@ -500,7 +506,8 @@ def sample_rows(
     adversarial one: right before the attack, wrong after), then its own ``clean_*``/``adv_*`` metrics
     (:meth:`Task.outcome`, :meth:`Task.sample_columns`). Everything is computed for the whole batch on the
     device of the logits, then copied to the host once.
-    ``spacing``: one spacing for the batch, or one per sample (HD95 in the units of the spacing).
+    ``spacing``: one spacing for the batch, or one per sample (HD95 in the units of the spacing; with a 3-D
+    segmentation, also the per-class volume columns in ml, the spacing in mm: :meth:`Segmentation.volume_columns`).
     """
     clean, adv = task.outcome(clean_logits.detach(), y), task.outcome(adv_logits.detach(), y)
     return _rows_from_columns(_batch_columns(task, y, clean, adv, hd95=hd95, spacing=spacing), y.shape[0])
@@ -653,6 +660,12 @@ def _prefetched(source: _Source, task: Task, image_key: str, label_key: str, dev
         worker.join(timeout=5)
 
 
+def _norm_name(attack: Attack) -> str | None:
+    """The attack's threat class name (``"Linf"``, ``"L2"``), None for an attack on the data box only."""
+    threat = getattr(attack, "threat", None)
+    return None if threat is None else type(threat).__name__
+
+
 def evaluate(
     model: nn.Module,
     task: Task,
@@ -675,7 +688,9 @@ def evaluate(
 
     Args:
         model: the model under test (its mode and parameters are left as they were).
-        task: how to read its output.
+        task: how to read its output. A task declared with ``outputs="probabilities"`` reads a model ending in a
+            softmax or sigmoid through :meth:`~medadv.tasks.Task.logits_model`; a task that does not declare its
+            ``outputs`` refuses such a model on the first batch (:meth:`~medadv.tasks.Task.check_outputs`).
         data: an ``(x, y)`` tensor pair, an iterable of ``(x, y)`` batches (e.g. a DataLoader), or an
             iterable of dictionary batches as MONAI's DataLoader collates them: ``batch[image_key]`` the
             input ``(N, C, *spatial)`` (a MetaTensor: its affine gives each case's voxel spacing and the
@@ -701,11 +716,17 @@ def evaluate(
         hd95: also compute per-class HD95 for segmentation (MONAI's definition, batched on the model's device by
             :func:`medadv.metrics.surface.surface_distance_per_class`; the clean HD95 once per batch). A task
             without label maps and classes is refused before any work.
-        spacing: voxel spacing for HD95 (mm), scalar or per axis. ``None``: each case's spacing from its
-            image's affine (MONAI MetaTensor inputs; the column norms of its spatial block), else voxels.
+        spacing: voxel spacing for HD95 and volumes (mm), scalar or per axis. ``None``: each case's spacing from
+            its image's affine (MONAI MetaTensor inputs; the column norms of its spatial block), else voxels for
+            HD95 and no volume columns. With a spacing, a 3-D segmentation's rows carry per-class volumes in ml
+            (``ref_volume_ml``, ``clean_volume_ml``, ``adv_volume_ml``, ``volume_change_ml``,
+            ``volume_change_pct``: :meth:`~medadv.tasks.Segmentation.volume_columns`).
         progress: show a progress bar (attack-batches, with a total and an ETA when ``len(data)`` is known;
             on rank 0 only in a distributed run).
-        meta: free-form metadata stored with the results (model name, dataset, ...).
+        meta: free-form metadata stored with the results (model name, dataset, ...). ``meta["classes"]`` (the
+            report's class names, as the CLI passes a config's ``task.class_names``) must name every output, one
+            per class or label in output order (:meth:`~medadv.tasks.Task.check_names`): a list of another length
+            is refused on the first batch, before any attack.
         image_key, label_key: the input and label keys of dictionary batches.
         save_adversarial: a folder to write every adversarial example to (``None``: nothing written), one
             sub-folder per attack, files named ``{sample:04d}_{case}``: NIfTI with the input's affine for
@@ -726,6 +747,8 @@ def evaluate(
         :class:`Results` with one row per (sample, attack, budget), sorted by attack then sample. Columns:
 
         * ``sample`` (number in iteration order), ``case_id`` (the batch's ``case_id``, else ``str(sample)``),
+          ``image_path`` and ``label_path`` (the files a case came from, when the batch names them as the file
+          sources do: ``path_image``, ``path_label``, :data:`medadv.data.sources.PATH_KEYS`),
           ``attack``, ``budget``, ``config`` (settings fingerprint), ``data`` (sample hash);
         * ``fooled``: the attack's own success test on its output (untargeted: the task's "wrong" test
           against the label, so a sample already wrong before the attack counts; targeted: target reached);
@@ -760,7 +783,11 @@ def evaluate(
                       "process's global RNG, so rows may differ from a 1-process run; pass seed=...",
                       RuntimeWarning, stacklevel=2)
     save_dir = Path(save_adversarial) if save_adversarial is not None else None
-    weights = _weights_hash(model)
+    weights = _weights_hash(model)  # of the user's model (the task's `outputs` is in the fingerprint)
+    # a model declared to return probabilities is read as logits by everything below (clean outputs, attacks, saved
+    # files); probabilities from a task that does not declare them are refused on the first forward (task.validate)
+    model = task.logits_model(model)
+    names = (meta or {}).get("classes")
     configs = {name: _fingerprint(weights, task, atk, hd95, spacing, target_for(target_fn, name), seed=seed,
                                   save=save_dir is not None)
                for name, atk in named}
@@ -775,7 +802,8 @@ def evaluate(
     for r in done:
         logged.setdefault(r["sample"], []).append(r)
     done_keys: set[tuple[Any, ...]] = set()
-    results = Results([], meta={"task": repr(task), **(meta or {})})
+    # each attack's norm ("Linf", "L2"; None: a data box, not an Lp ball): the report checks rows against it
+    results = Results([], meta={"task": repr(task), "norms": {n: _norm_name(a) for n, a in named}, **(meta or {})})
     device = model_device(model)
     folders = _attack_folders(named) if save_dir is not None else {}
     source = _Source(data, shard, image_key, label_key)
@@ -829,14 +857,18 @@ def evaluate(
                 raise
             x_d = x.to(device, non_blocking=True)
             y_d = y.to(device, non_blocking=True)
-            batch_spacing = spacing if spacing is not None or not hd95 else batch.spacing()
+            # the voxel spacing (mm) of HD95 and of the volume columns: the argument, else each case's header
+            batch_spacing = spacing if spacing is not None else batch.spacing()
             # The clean output is computed once per batch and shared by every attack. Untargeted, the first
             # attack may compute it on its way (its first step at x) and hand it back: no separate forward pass,
             # and y is checked against it by the attack before any step. Targets need it before the attack.
             clean_logits: Tensor | None = None
             clean: Outcome | None = None
-            if any(_targeted(a) for _, a in todo):
+            if any(_targeted(a) for _, a in todo) or names is not None:
                 clean_logits, clean, clean_hd95 = _clean_outcome(model, task, x_d, y_d, None, hd95, batch_spacing)
+                if names is not None:  # the report's class names must name every output: refused before any attack
+                    task.check_names(names, clean_logits, "class_names")
+                    names = None
             for name, atk in todo:
                 with _seeded(seed, f"{b}:{name}:{atk.budget}", device):
                     target = y_d
@@ -864,7 +896,8 @@ def evaluate(
                     key = (ids[i], name, atk.budget)
                     if key in done_keys:
                         continue
-                    new.append({"sample": ids[i], "case_id": cases[i], "attack": name, "budget": atk.budget,
+                    files = {k: v[i] for k, v in batch.paths.items()} if batch.paths else {}  # which image, label
+                    new.append({"sample": ids[i], "case_id": cases[i], **files, "attack": name, "budget": atk.budget,
                                 "config": configs[name], "data": hashes[i], "fooled": row.pop("fooled"),
                                 "changed": row.pop("changed"), "flipped": row.pop("flipped"),
                                 "linf": row.pop("linf"), "l2": row.pop("l2"), **row, **saved[i], **extra[i]})

@@ -126,7 +126,12 @@ def _labels(task: Task, logits: Tensor, y: Any) -> Tensor:
     """``y`` on the logits' device in the dtype the loss expects; the clean prediction when ``y`` is None."""
     if y is None:
         y = task.predict(logits)
-    task.validate(logits, y, "y")
+    if not isinstance(y, Tensor):
+        raise TypeError(f"`y` must be a torch.Tensor, got {type(y).__name__}")
+    # Task.validate without its probability refusal: these checks diagnose such a model (a flag), they do not
+    # refuse it
+    task.validate_logits(logits)
+    task.validate_labels(logits, y, "y")
     return task.to_target(y.detach().to(logits.device), logits)
 
 
@@ -152,14 +157,16 @@ def _forward_with_path(model: nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _input_gradient(model: nn.Module, task: Task, x: Tensor, y: Any) -> tuple[Tensor | None, Tensor, Tensor]:
-    """``(grad, logits, y)``: the input gradient of ``task.loss(model(x), y).sum()`` (``None`` when the output
-    has no autograd path to the input), the detached logits and the validated labels."""
+    """``(grad, logits, y)``: the input gradient of ``(task.loss − task.margin)(model(x), y).sum()`` (``None`` when
+    the output has no autograd path to the input), the detached logits and the validated labels."""
     with attack_mode(model):
         xv, logits = _forward_with_path(model, x)
         y0 = _labels(task, logits.detach(), y)
         if not logits.requires_grad:
             return None, logits.detach(), y0
-        loss = task.loss(logits, y0).sum()
+        # plus the margin: a confident single sigmoid logit (|z| > ~17) rounds BCE's float32 gradient to exactly 0
+        # (σ(z) − y), a loss saturation that margin attacks do not have, not masking
+        loss = (task.loss(logits, y0) - task.margin(logits, y0)).sum()
         (g,) = torch.autograd.grad(loss, xv, allow_unused=True)
     return (torch.zeros_like(x) if g is None else g), logits.detach(), y0
 
@@ -229,11 +236,15 @@ def check_probability_outputs(task: Task, logits: Tensor, *, atol: float = 1e-3,
     Losses computed on probabilities (a softmax fed to cross-entropy again, a sigmoid fed to BCE with
     logits) saturate: their gradient vanishes where the model is confident, which weakens gradient attacks.
 
+    The rule is :meth:`medadv.tasks.Task.probability_evidence`, the same that makes every attack and
+    :func:`~medadv.evaluate` refuse such a model when the task does not declare its ``outputs``
+    (:meth:`~medadv.tasks.Task.check_outputs`; this check flags it instead, per-class sigmoids included):
+
     * Class-axis tasks (multi-class, segmentation, any task but multi-label): flagged when every value lies
       in ``[-atol, 1 + atol]`` and the sum over the class axis (dim 1) is within ``atol`` of 1 for every
       sample (and voxel); the value is the largest ``|sum − 1|``.
-    * Any task, multi-label in particular (sigmoid outputs do not sum to 1): flagged when every one of at
-      least ``min_values`` outputs lies in ``[-atol, 1 + atol]``; the value is that share (1.0). An honest
+    * Any class-score task, multi-label in particular (sigmoid outputs do not sum to 1): flagged when every one
+      of at least ``min_values`` outputs lies in ``[-atol, 1 + atol]``; the value is that share (1.0). An honest
       logit model almost never has every logit of a batch in ``[0, 1]``: labels that are absent get negative
       logits, confident ones logits beyond 1. ``min_values`` keeps a lone sample with a few small logits from
       being flagged.
@@ -248,33 +259,31 @@ def check_probability_outputs(task: Task, logits: Tensor, *, atol: float = 1e-3,
     task = _check_task(task)
     atol = Real(0.0).check(atol, "atol", owner)
     min_values = Int(1).check(min_values, "min_values", owner)
-    task.validate(logits, None)
-    if not task.outputs_are_logits:  # values (regression): a range of [0, 1] is a fact of the data, not a symptom
+    if not isinstance(logits, Tensor):
+        raise TypeError(f"`logits` must be a torch.Tensor (the model's output), got {type(logits).__name__}")
+    task.validate_logits(logits)  # the shape only: the probability test is this check's (a flag, not a refusal)
+    # the one rule, shared with the refusal of every attack and evaluate() (Task.probability_evidence)
+    found = task.probability_evidence(logits, atol=atol, min_values=min_values)
+    if found is None:
         return None
-    out = logits.detach().double()
-    bounded = bool(((out >= -atol) & (out <= 1.0 + atol)).all())
-    if not bounded:
-        return None
-    if task.exclusive_classes and out.ndim >= 2 and out.shape[1] >= 2:
-        deviation = float((out.sum(dim=1) - 1.0).abs().max())
-        if deviation <= atol:
-            return MaskingFlag(
-                "probability_outputs",
-                f"Every output lies in [0, 1] and the class scores sum to 1 (largest deviation {deviation:.2g}): "
-                "the model seems to return softmax probabilities instead of logits, and a loss on probabilities "
-                "saturates and hides the gradient. Attack the logits, not probabilities (remove the final "
-                "softmax, or wrap the model to return the layer before it).",
-                deviation,
-            )
-    if out.numel() < min_values:
-        return None
+    if found.kind == "softmax":
+        return MaskingFlag(
+            "probability_outputs",
+            f"Every output lies in [0, 1] and the class scores sum to 1 (largest deviation {found.value:.2g}): "
+            "the model seems to return softmax probabilities instead of logits, and a loss on probabilities "
+            "saturates and hides the gradient. Attack the logits, not probabilities (remove the final "
+            "softmax, or wrap the model to return the layer before it), or declare `outputs: probabilities` on "
+            "the task to have them converted.",
+            found.value,
+        )
     what = "bounded scores (e.g. per-class sigmoids)" if task.exclusive_classes else "sigmoid probabilities"
     return MaskingFlag(
         "probability_outputs",
-        f"All {out.numel()} outputs of the batch lie in [0, 1], which real logits almost never do: the model "
+        f"All {logits.numel()} outputs of the batch lie in [0, 1], which real logits almost never do: the model "
         f"seems to return {what} instead of logits, and a loss on probabilities saturates and hides the "
-        "gradient. Attack the logits, not probabilities (remove the final sigmoid/softmax).",
-        1.0,
+        "gradient. Attack the logits, not probabilities (remove the final sigmoid/softmax), or declare "
+        "`outputs: probabilities` on the task to have them converted.",
+        found.value,
     )
 
 
@@ -283,7 +292,8 @@ def check_zero_gradients(model: nn.Module, task: Task, x: Tensor, y: Tensor | No
                          threshold: float = 0.5) -> MaskingFlag | None:
     """Flag a model whose input gradient is mostly exactly zero.
 
-    The gradient of ``task.loss(model(x), y).sum()`` with respect to ``x`` (one forward and backward in
+    The gradient of ``(task.loss − task.margin)(model(x), y).sum()`` (the margin keeps it from rounding to 0 on
+    a confident sigmoid logit, where BCE saturates) with respect to ``x`` (one forward and backward in
     attack mode: no parameter gradients, the caller's ``.grad`` untouched). An element is *unusable* when it
     is exactly zero or not finite. Flagged when the mean per-sample share of unusable elements is
     ``>= threshold``, or when some sample has no usable element at all (AutoAttack's zero-gradient test);
@@ -302,6 +312,7 @@ def check_zero_gradients(model: nn.Module, task: Task, x: Tensor, y: Tensor | No
     task = _check_task(task)
     threshold = Real(0.0, 1.0, low_open=True).check(threshold, "threshold", owner)
     model, x0 = _model_batch(model, x, None, owner)
+    model = task.logits_model(model)  # declared `outputs: probabilities`: the loss reads their logits
     g, _, _ = _input_gradient(model, task, x0, y)
     n = x0.shape[0]
     if g is None:
@@ -539,6 +550,7 @@ def check_unbounded(model: nn.Module, task: Task, x: Tensor, y: Tensor | None, b
     eps = Optional(Real(0.0, low_open=True)).check(eps, "eps", owner)
     box = Box.coerce(box, "box")
     model, x0 = _model_batch(model, x, box, owner)
+    model = task.logits_model(model)  # declared `outputs: probabilities`: labels and metric read their logits
     _, logits = _forward_with_path(model, x0)
     y0 = _labels(task, logits.detach(), y)
     radius = _widest(box, x0) if eps is None else eps
@@ -601,6 +613,7 @@ def run_checks(
     task = _check_task(task)
     box = Box.coerce(box, "box")
     model, x0 = _model_batch(model, x, box, "run_checks")
+    model = task.logits_model(model)  # declared `outputs: probabilities`: every check reads their logits
     if logits is None:
         logits = _clean_logits(model, x0)
     elif not isinstance(logits, Tensor):

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 __all__ = ["Results", "DETAIL_PREFIX", "ENSEMBLE_COLUMN", "SAVED_PREFIX", "COLUMN_LEGEND", "summary_columns",
-           "json_safe"]
+           "json_safe", "csv_safe", "BALL_TOLERANCE"]
 
 KEY = ("sample", "attack", "budget")
 #: per-sample columns that are identifiers, not quantities: never averaged
@@ -52,6 +52,9 @@ ENSEMBLE_DETAILS = ("attack_metric_after", "attack_attacked", "attack_seconds", 
                     "attack_masking", "attack_masking_messages")
 #: prefix of the columns that hold an attack's declared per-sample outputs (``AttackDetails.columns``)
 DETAIL_PREFIX = "attack_"
+#: relative excess of a measured perturbation norm over its budget still counted inside the ε-ball (the float32
+#: rounding of ``x + δ − x`` on data of large values, e.g. HU, is far below it)
+BALL_TOLERANCE = 1e-3
 
 
 def json_safe(value: Any) -> Any:
@@ -69,6 +72,19 @@ def json_safe(value: Any) -> Any:
         return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [json_safe(v) for v in value]
+    return value
+
+
+#: first characters that make a spreadsheet read a cell as a formula (OWASP's CSV-injection list)
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_safe(value: Any) -> Any:
+    """``value`` for a CSV cell: a string a spreadsheet would evaluate (``=HYPERLINK(...)``, ``@SUM``, ``-1+2``)
+    gets a leading ``'``, which spreadsheets show as text (results.json keeps every value as it is); numbers and
+    other strings are unchanged."""
+    if isinstance(value, str) and value.startswith(_FORMULA_START):
+        return "'" + value
     return value
 
 
@@ -270,6 +286,54 @@ class Results:
                         "message": flag.message})
         return out
 
+    def norm_of(self, attack: str) -> str | None:
+        """The threat class (``"Linf"``, ``"L2"``) of ``attack``'s budget: :func:`~medadv.evaluate` records it in
+        ``meta["norms"]`` (None: an attack on the data box only); a config run's ``threat.norm`` for tables
+        written before that; else None (unknown)."""
+        norms = self.meta.get("norms")
+        if isinstance(norms, dict) and attack in norms:
+            return norms[attack]
+        settings = self.meta.get("settings")
+        threat = settings.get("threat") if isinstance(settings, dict) else None
+        norm = threat.get("norm") if isinstance(threat, dict) else None
+        return {"linf": "Linf", "l2": "L2"}.get(str(norm).lower()) if norm is not None else None
+
+    def ball_check(self) -> dict[tuple[str, Any], dict[str, Any]]:
+        """Per (attack, budget): whether every measured perturbation lies in the attack's ε-ball.
+
+        Each entry: ``norm`` (``"Linf"``/``"L2"``; ``"Linf"`` when unknown, the one norm whose excess means
+        an excess under both, as L∞ <= L2), ``max_norm`` (the largest measured perturbation in it, data units)
+        and ``status``: ``"in"``, ``"out"`` (some row exceeds the budget by more than
+        :data:`BALL_TOLERANCE` relative, e.g. an attack whose renormalisation leaves the ball) or
+        ``"no ball"`` (no budget: an attack declaring a non-Lp threat, such as a quantisation). Attacks of
+        ``"out"`` and ``"no ball"`` are not comparable with Lp attacks at a budget: reports never rank them.
+        """
+        out: dict[tuple[str, Any], dict[str, Any]] = {}
+        for (attack, budget), rows in self.groups().items():
+            norm = self.norm_of(attack) or "Linf"
+            col = "l2" if norm == "L2" else "linf"
+            vals = [float(r[col]) for r in rows if isinstance(r.get(col), int | float)]
+            worst = max(vals) if vals else None
+            if budget is None:
+                status = "no ball"
+            elif worst is not None and worst > float(budget) * (1 + BALL_TOLERANCE) + 1e-12:
+                status = "out"
+            else:
+                status = "in"
+            out[(attack, budget)] = {"norm": norm, "max_norm": worst, "status": status}
+        return out
+
+    @staticmethod
+    def ball_note(entry: dict[str, Any], budget: Any) -> str:
+        """The ε-ball status in words: ``in``, ``OUT of the ε-ball (max L∞ 4052 > ε 8)``, ``no ε-ball (not an
+        Lp threat)``."""
+        if entry["status"] == "no ball":
+            return "no ε-ball (not an Lp threat)"
+        if entry["status"] == "out":
+            sym = "L∞" if entry["norm"] == "Linf" else "L2"
+            return f"OUT of the ε-ball (max {sym} {entry['max_norm']:.4g} > ε {float(budget):.4g})"
+        return "in"
+
     def detail_columns(self) -> list[str]:
         """The attack-specific (``attack_*``) columns present in the table, in order of appearance."""
         return [c for c in _columns(self.rows) if c.startswith(DETAIL_PREFIX)]
@@ -348,24 +412,33 @@ class Results:
         NaN / ±Inf values are written as ``null`` (:func:`json_safe`: the file stays valid, strict JSON) and
         read back by :meth:`from_json` as ``None``, which the summaries treat as NaN (left out of means).
         """
-        p = Path(path)
-        tmp = p.with_name(f".{p.name}.tmp")
-        tmp.write_text(_dumps({"meta": self.meta, "rows": self.rows}, indent=1))
-        os.replace(tmp, p)
+        from .safe_io import write_text
+
+        # a temporary file renamed over `path`, never written through a link (issue 28)
+        write_text(path, _dumps({"meta": self.meta, "rows": self.rows}, indent=1))
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> Results:
-        data = json.loads(Path(path).read_text())
+        try:
+            data = json.loads(Path(path).read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:  # the file's name, not only "line 1 column 1"
+            raise ValueError(f"{path}: not a results file written by Results.to_json (not valid JSON: {e})") from None
+        if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+            raise ValueError(f"{path}: not a results file written by Results.to_json (no list of `rows`)")
         return cls(data["rows"], data.get("meta"))
 
     def to_csv(self, path: str | os.PathLike) -> None:
+        from .safe_io import open_output
+
         cols = _columns(self.rows)
-        with open(path, "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=cols)
+        with open_output(path, "w", newline="") as fh:  # atomic, never through a link (issue 28)
+            w = csv.DictWriter(fh, fieldnames=[csv_safe(c) for c in cols])
             w.writeheader()
             for r in self.rows:
-                # list cells as JSON (NaN as null, as in results.json); scalar NaN stays csv's "nan"
-                w.writerow({k: _dumps(v) if isinstance(v, list | dict) else v for k, v in r.items()})
+                # list cells as JSON (NaN as null, as in results.json); scalar NaN stays csv's "nan"; text cells
+                # a spreadsheet would run as a formula start with ' (csv_safe)
+                w.writerow({csv_safe(k): _dumps(v) if isinstance(v, list | dict) else csv_safe(v)
+                            for k, v in r.items()})
 
     def to_pandas(self):
         import pandas as pd
@@ -384,11 +457,15 @@ class Results:
         rows, seen = [], set()
         p = Path(path)
         if p.is_file():
-            for line in p.read_text().splitlines():
+            for i, line in enumerate(p.read_text().splitlines(), 1):
                 try:
                     r = json.loads(line)
                 except json.JSONDecodeError:
                     continue
+                if not isinstance(r, dict) or any(c not in r for c in KEY):  # not a row evaluate() wrote
+                    lacks = ", ".join(c for c in KEY if not isinstance(r, dict) or c not in r)
+                    raise ValueError(f"{p}, line {i}: not a row of medadv's log (it lacks {lacks}); medadv resumes only "
+                                     "from its own logs: remove the line, or give another output folder")
                 k = (*(r[c] for c in KEY), r.get("config"), r.get("data"))
                 if k not in seen:
                     seen.add(k)
@@ -407,10 +484,10 @@ class Results:
             with open(p, "rb") as fh:
                 fh.seek(-1, os.SEEK_END)
                 needs_newline = fh.read(1) != b"\n"
-        with open(p, "a") as fh:
+        from .safe_io import open_output
+
+        with open_output(p, "a") as fh:  # O_NOFOLLOW, a regular file of one link, flushed to disk (issue 28)
             if needs_newline:
                 fh.write("\n")
             for r in rows:
                 fh.write(_dumps(r) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())

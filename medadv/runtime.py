@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = ["all_finite", "model_device", "attack_mode", "check_input", "check_model", "make_generator", "forward_tensor",
-           "unbatched_hint", "target_for"]
+           "unbatched_hint", "input_mismatch", "target_for"]
 
 
 def model_device(model: nn.Module, default: torch.device | None = None) -> torch.device:
@@ -93,23 +93,64 @@ def check_model(model: Any, name: str = "model") -> nn.Module:
     return model
 
 
+def _first_conv(model: nn.Module) -> nn.modules.conv._ConvNd | None:
+    return next((m for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd)), None)
+
+
+def _axes(spatial: int) -> str:
+    if not 1 <= spatial <= 3:
+        return f"(N, C, {spatial} axes)"
+    return "(N, C, " + ", ".join(("D", "H", "W")[3 - spatial:]) + ")"
+
+
+def _rank_message(conv: nn.modules.conv._ConvNd, x: Tensor, name: str) -> str:
+    spatial, have = len(conv.kernel_size), x.ndim - 2
+    return (f"`{name}` of shape {tuple(x.shape)} holds {have}-D samples {_axes(have)}, but the model's first "
+            f"layer ({type(conv).__name__}) takes {spatial}-D inputs {_axes(spatial)}: give it {spatial}-D data "
+            f"(or evaluate a {have}-D model)")
+
+
 def unbatched_hint(model: nn.Module, x: Tensor, name: str = "x") -> str | None:
-    """A message when ``x`` has one dimension fewer than the model's first convolution takes (no batch dim)."""
-    conv = next((m for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd)), None)
+    """A message when ``x`` has one dimension fewer than the model's first convolution takes: no batch dimension
+    (its first axis is the convolution's channel count, ``(C, *spatial)``), or a batch of samples of a lower rank
+    than the model's (2-D images into a 3-D model: adding a batch axis would not help)."""
+    conv = _first_conv(model)
     if conv is None or x.ndim != len(conv.kernel_size) + 1:
         return None
-    want = "(N, C, " + ", ".join(("D", "H", "W")[3 - len(conv.kernel_size):]) + ")"
+    if x.shape[0] != conv.in_channels:  # (N, C, H, W) batch into a 3-D model, not a (C, D, H, W) sample
+        return _rank_message(conv, x, name)
+    want = _axes(len(conv.kernel_size))
     return (f"`{name}` of shape {tuple(x.shape)} has no batch dimension: the model's first layer "
             f"({type(conv).__name__}) takes {want}; add one with `{name}.unsqueeze(0)`")
 
 
+def input_mismatch(model: nn.Module, x: Tensor, name: str = "x") -> str | None:
+    """Why ``x`` cannot go into ``model``, read from its first convolution, or ``None``: no batch dimension or
+    a spatial rank the model does not take (:func:`unbatched_hint`, any rank), or a channel count that is not the
+    convolution's ``in_channels`` (data and model disagree: multi-modal data into a one-channel model, grey images
+    into an RGB one). :func:`forward_tensor` asks it only once a forward pass has failed, so a model whose first
+    convolution is not its first layer is never refused by it."""
+    hint = unbatched_hint(model, x, name)
+    conv = _first_conv(model)
+    if hint is not None or conv is None:
+        return hint
+    if x.ndim != len(conv.kernel_size) + 2:
+        return _rank_message(conv, x, name)
+    if x.shape[1] != conv.in_channels:
+        return (f"`{name}` of shape {tuple(x.shape)} has {x.shape[1]} channel(s) (axis 1 of (N, C, *spatial)), but "
+                f"the model's first layer ({type(conv).__name__}) takes {conv.in_channels}: data and model disagree; "
+                f"give the data {conv.in_channels} channel(s) or build the model for {x.shape[1]}")
+    return None
+
+
 def forward_tensor(model: nn.Module, x: Tensor) -> Tensor:
     """``model(x)``, refusing outputs that are not one tensor (deep supervision lists, dicts, tuples) and
-    inputs without a batch dimension (checked only when the forward fails or loses the batch size)."""
+    inputs the model cannot take (no batch dimension, another spatial rank or channel count than its first
+    convolution's: :func:`input_mismatch`, checked only when the forward fails or loses the batch size)."""
     try:
         out = model(x)
-    except RuntimeError as err:
-        hint = unbatched_hint(model, x)
+    except (RuntimeError, ValueError) as err:  # torch's shape errors: RuntimeError (conv), ValueError (BatchNorm)
+        hint = input_mismatch(model, x)
         if hint is None:
             raise
         raise ValueError(hint) from err

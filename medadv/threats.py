@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["Box", "Threat", "Linf", "L2", "Bounds", "per_sample_norm", "LargeBudgetWarning"]
+__all__ = ["Box", "Threat", "Linf", "L2", "Bounds", "per_sample_norm", "LargeBudgetWarning", "SmallBudgetWarning",
+           "check_budget_scale", "MAX_BUDGET_FRACTION", "MIN_BUDGET_FRACTION", "MAX_SIGMA_FRACTION"]
 
 BoundValue = float | Tensor
 Bounds = tuple[BoundValue, BoundValue]
@@ -24,6 +25,126 @@ Bounds = tuple[BoundValue, BoundValue]
 
 class LargeBudgetWarning(UserWarning):
     """An L∞ budget above half the data range: almost always a budget in the wrong units (``8`` for 8/255)."""
+
+
+class SmallBudgetWarning(UserWarning):
+    """A budget below :data:`MIN_BUDGET_FRACTION` of the data range: almost always a budget in the wrong units
+    (``4/255`` meant on [0, 1] data, given for CT in HU, moves no voxel by more than 0.016 HU)."""
+
+
+#: an L∞ budget (or noise level) above this fraction of the data range ``hi - lo`` is too large: the ball
+#: reaches every point of the box from its middle (the config refuses it unless ``allow_large_budgets``)
+MAX_BUDGET_FRACTION = 0.5
+#: the largest budget a threat takes: float32's largest value (an attack's steps are in the data's dtype)
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+#: a positive budget (any norm) or noise level below this fraction of the data range changes nothing meaningful:
+#: no element moves by more than 0.1 % of its range (4 HU of a 4 095 HU CT window, 0.26/255 on [0, 1] data)
+MIN_BUDGET_FRACTION = 1e-3
+#: randomized smoothing: a noise standard deviation above this fraction of the data range is too large (Cohen et
+#: al.'s largest, σ = 1 on [0, 1] images, is at the limit; σ = 25 on [0, 1] is a 0-255 value)
+MAX_SIGMA_FRACTION = 1.0
+
+
+def _fraction_text(fraction: float) -> str:
+    return {0.5: "half the", 1.0: "the"}.get(fraction, f"{fraction:g} of the")
+
+
+def _widths(bounds: Box | Bounds | None) -> tuple[float, float, float, float] | None:
+    """``(narrowest width, widest width, lowest lo, highest hi)`` of a bounded box on the CPU; ``None`` when
+    unbounded or when the bounds live on a GPU (reading them would synchronise at every construction)."""
+    box = Box.coerce(bounds)
+    if box.bounds is None:
+        return None
+    lo, hi = box.bounds
+    if any(isinstance(v, Tensor) and v.device.type != "cpu" for v in (lo, hi)):
+        return None
+    width = (torch.as_tensor(hi, dtype=torch.float64) - torch.as_tensor(lo, dtype=torch.float64)).flatten()
+    return (float(width.min()), float(width.max()), float(torch.as_tensor(lo).min()),
+            float(torch.as_tensor(hi).max()))
+
+
+def _budget_values(eps: Any) -> list[float]:
+    """The numbers (NaN left out) of a budget given as a number, a sequence (Foolbox's ``epsilons``) or an array
+    (ART's per-sample ``eps``); anything else (``None``, strings) has no scale to check."""
+    if isinstance(eps, bool) or eps is None or isinstance(eps, str):
+        return []
+    if isinstance(eps, Tensor):
+        return [float(v) for v in eps.detach().cpu().flatten().tolist() if not math.isnan(float(v))]
+    if hasattr(eps, "__array__") and not isinstance(eps, int | float):
+        import numpy as np
+
+        return [float(v) for v in np.asarray(eps, dtype=np.float64).ravel() if not math.isnan(float(v))]
+    if isinstance(eps, Sequence):
+        return [v for e in eps for v in _budget_values(e)]
+    try:
+        v = float(eps)
+    except (TypeError, ValueError):
+        return []
+    return [] if math.isnan(v) else [v]  # an infinite budget is as large as budgets get
+
+
+def check_budget_scale(eps: Any, bounds: Box | Bounds | None, *, name: str = "eps", owner: str = "",
+                       where: str = "", p: float = math.inf, size: int | None = None,
+                       allow_large_budgets: bool = False, large: str = "raise", small: bool = True,
+                       max_fraction: float = MAX_BUDGET_FRACTION, min_fraction: float = MIN_BUDGET_FRACTION,
+                       advice: str | None = None, small_advice: str | None = None, stacklevel: int = 2) -> None:
+    """The budget-scale rule shared by medadv's threat models, randomized smoothing and every toolkit adapter.
+
+    A budget is in the data's own units (HU, [0, 1], z-scores), so its size against the data range ``hi - lo``
+    tells a unit mistake apart from a choice:
+
+    * **too large**: an Lp budget above ``max_fraction`` (:data:`MAX_BUDGET_FRACTION`, one half) of the box's
+      Lp half-diagonal, ``max_fraction · (hi - lo) · size^(1/p)`` (for L∞ half the range of the widest channel:
+      the ball then reaches any point of the box from its middle, e.g. ``8`` meant as 8/255 on [0, 1] data). It
+      raises ``ValueError`` (``large="raise"``) or warns :class:`LargeBudgetWarning` (``large="warn"``), unless
+      ``allow_large_budgets``. An Lp budget with ``p < ∞`` needs ``size`` (elements per sample), else only the
+      small side is checked.
+    * **too small**: a positive budget of any norm below ``min_fraction`` (:data:`MIN_BUDGET_FRACTION`, 0.1 %) of
+      the narrowest channel's range moves no element by more than that (``|δ_i| ≤ ‖δ‖_p``), e.g. ``4/255`` given
+      for CT in HU: a :class:`SmallBudgetWarning` (the attack still runs; silence it with the ``warnings`` module).
+
+    ``eps`` may be a number, a sequence or an array (every finite entry is checked; ``None`` is skipped).
+    Unbounded boxes and bounds on a GPU are not checked. ``name`` is the argument named in the message,
+    ``owner`` what it belongs to (``"ART FastGradientMethod "``), ``where`` says where the box comes from
+    (``" (`clip_values`)"``); ``advice`` and ``small_advice`` replace the default fix that ends the message of
+    each side.
+    """
+    if large not in ("raise", "warn"):
+        raise ValueError(f"`large` must be 'raise' or 'warn', got {large!r}")
+    values = _budget_values(eps)
+    widths = _widths(bounds) if values else None
+    if widths is None or not values or math.isnan(p) or p <= 0:
+        return  # p = 0 (pixel counts) has no scale in data units
+    narrow, wide, lo, hi = widths
+    box = f"[{lo:g}, {hi:g}]"
+    if math.isinf(p):
+        limit: float | None = max_fraction * wide
+        span = f"more than {_fraction_text(max_fraction)} data range {box}{where}"
+    elif size is not None and size > 0:
+        limit = max_fraction * wide * size ** (1.0 / p)
+        span = (f"more than {_fraction_text(max_fraction)} L{p:g} diagonal of the data box {box}{where} over "
+                f"{size} elements ({limit:.6g})")
+    else:
+        limit = None
+    import warnings
+
+    big = max(values)
+    if limit is not None and big > limit and not allow_large_budgets:
+        fix = advice if advice is not None else "budgets are in data units, e.g. 8/255 for 8 on a 0-255 scale"
+        msg = f"{owner}{name}={big:g} is {span}: {fix}"
+        if large == "raise":
+            raise ValueError(msg)
+        warnings.warn(msg, LargeBudgetWarning, stacklevel=stacklevel + 1)
+        return
+    positive = [v for v in values if v > 0]
+    tiny = min(positive) if positive else None
+    if small and tiny is not None and tiny < min_fraction * narrow:
+        fix = small_advice if small_advice is not None else (
+            f"values are in data units, and a {name} meant on a [0, 1] scale is {name} × (hi − lo) here "
+            f"({tiny:g} → {tiny * narrow:.6g})")
+        warnings.warn(f"{owner}{name}={tiny:g} is below {min_fraction:g} of the data range {box}{where}: at that "
+                      f"size no element moves by more than {min_fraction:.1%} of its range, so the result means "
+                      f"nothing; {fix}", SmallBudgetWarning, stacklevel=stacklevel + 1)
 
 
 def per_sample_norm(t: Tensor, p: float) -> Tensor:
@@ -231,6 +352,8 @@ class Threat(ABC):
             raise TypeError(f"`eps` must be a number, got {type(eps).__name__}") from None
         if not math.isfinite(eps) or eps < 0:
             raise ValueError(f"`eps` must be a finite number >= 0, got {eps}")
+        if eps > _FLOAT32_MAX:  # steps and projections of float32 data would overflow to inf/nan, not a number
+            raise ValueError(f"`eps` must be at most {_FLOAT32_MAX:.4g} (float32's largest value), got {eps:g}")
         self.eps = eps
         self.box = Box.coerce(bounds)
         if self.p == math.inf:
@@ -240,19 +363,9 @@ class Threat(ABC):
         """Warn when ε exceeds half the data range (the widest channel's): the ball then reaches any point of
         the box from its middle, so the "robust" numbers measure nothing. Configs refuse it outright
         (``allow_large_budgets`` lets it through); from Python this is a warning."""
-        if self.box.bounds is None:
-            return
-        lo, hi = self.box.bounds
-        if any(isinstance(v, Tensor) and v.device.type != "cpu" for v in (lo, hi)):
-            return  # reading device bounds would synchronise with the GPU at every construction
-        width = float((torch.as_tensor(hi) - torch.as_tensor(lo)).max())
-        if self.eps > 0.5 * width:
-            import warnings
-
-            lo_, hi_ = float(torch.as_tensor(lo).min()), float(torch.as_tensor(hi).max())
-            warnings.warn(f"{type(self).__name__} eps={self.eps:g} is more than half the data range "
-                          f"[{lo_:g}, {hi_:g}]: budgets are in data units, e.g. 8/255 for 8 on a 0-255 scale",
-                          LargeBudgetWarning, stacklevel=3)
+        # the large side only: a tiny ε is also how attacks are probed (and the default of derived radii)
+        check_budget_scale(self.eps, self.box, owner=f"{type(self).__name__} ", large="warn", small=False,
+                           stacklevel=3)
 
     @property
     def bounds(self) -> Bounds | None:

@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 import torch
@@ -23,8 +24,9 @@ def test_attacks_params_lists_each_declared_parameter(capsys):
     out = capsys.readouterr().out
     pgd, vafa = out.split("\n\nvafa: ")
     assert "threat: Linf or L2 ball (one run per budget)" in pgd
-    assert "  steps         an integer >= 1; default 10" in pgd
-    assert "step_size     None or a finite number >= 0; default None" in pgd
+    # (the column is as wide as the longest parameter name)
+    assert re.search(r"\n  steps +an integer >= 1; default 10\n", pgd)
+    assert re.search(r"\n  step_size +None or a finite number >= 0; default None\n", pgd)
     assert "the data box (no ε: one run, budget None)" in vafa and "block" in vafa
     # every parameter of every attack, from the declarations
     from medadv.attacks.base import attack_class, available_attacks

@@ -209,13 +209,14 @@ def test_documented_model_sections_stay_valid():
         kinds.append(kind)
         if kind in ("monai", "torchvision") or ":" not in name and kind == "builder":
             check_model(spec)
-    assert kinds == ["builder", "monai", "torchvision", "builder", "builder", "torchscript"]
+    assert kinds == ["builder", "monai", "torchvision", "builder", "builder", "torchscript", "zoo"]
 
 
 def test_file_sources_and_their_defaults():
     cfg = validate_config({**BASE, "data": {"source": "files", "images": "img/*.nii.gz", "labels": ["a.nii", "b.nii"]}})
     assert cfg.data.model_dump() == {"source": "files", "images": "img/*.nii.gz", "labels": ["a.nii", "b.nii"],
-                                     "transforms": None, "n": None, "num_workers": 0}
+                                     "transforms": None, "n": None, "num_workers": 0,
+                                     "pair": {"image": "{id}", "label": "{id}"}}  # by file name (issue 28)
     cfg = validate_config({**BASE, "data": {"source": "datalist", "path": "dataset.json", "transforms": [
         "EnsureChannelFirstd", {"name": "Spacingd", "pixdim": [1, 1, 1]}]}})
     assert cfg.data.key == "validation" and cfg.data.base_dir is None

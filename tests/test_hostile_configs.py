@@ -300,7 +300,47 @@ def _file_cases() -> list[Case]:
     ]
 
 
-CASES = _key_cases() + _attack_cases() + _semantic_cases() + _file_cases()
+# --- issue 28: config tracebacks made one line ---------------------------------------------------------------------
+#: checkpoint files the fixture writes beside the config: (name, what it holds)
+CHECKPOINTS = ("state_dict.pt", "pickled_call.pt", "plain_pickle.pt", "gap_mismatch.pt", "garbage.pt", "empty.pt")
+
+
+def _issue28_cases() -> list[Case]:
+    c: list[Case] = []
+    allowed = _mutate(("allow_large_budgets",), True)
+    for b in (1e308, 3.5e38, "1e308", "1e300/1e-10"):
+        c.append(Case(f"budgets-beyond-float32-allowed-{b!r}", CLEAR, _mutate(("budgets",), [b], base=allowed),
+                      needle="budget"))
+    c.append(Case("budgets-float32-max-allowed", OK, _mutate(("budgets",), [3.0e38], base=allowed)))
+    for bounds in ([0, 1e308], [-1e308, 0], [-1e39, 1e39]):
+        c.append(Case(f"bounds-beyond-float32-{bounds!r}", CLEAR, _mutate(("threat", "bounds"), bounds),
+                      needle="bounds"))
+    good = yaml.safe_dump(BASE)
+    merged = good.replace("attacks:\n- name: fgsm\n", "attacks:\n- &pgd {name: pgd, steps: 2}\n- <<: *pgd\n  id: pgd-b\n"
+                                                      "  steps: 3\n")
+    assert merged != good
+    c.append(Case("file-merge-key-override", OK, text=merged))
+    c.append(Case("file-merge-key-list", OK, text=good.replace("model:\n", "model:\n  <<: [{seed: 1}, {seed: 2}]\n")))
+    c.append(Case("file-merge-key-overridden", OK, text=good.replace("model:\n", "model:\n  <<: {seed: 1}\n  seed: 2\n")))
+    c.append(Case("file-merge-key-twice-the-same-key", CLEAR, needle="seed",
+                  text=good.replace("model:\n", "model:\n  <<: {seed: 1}\n  seed: 2\n  seed: 3\n")))
+    c.append(Case("file-merge-key-of-a-scalar", CLEAR, text=good.replace("model:\n", "model:\n  <<: 1\n"),
+                  needle="YAML"))
+    c.append(Case("file-merge-key-unknown-key", CLEAR, text=good.replace("model:\n", "model:\n  <<: {evil: 1}\n"),
+                  needle="evil"))
+    for name, raw in [("png", b"\x89PNG\r\n\x1a\n" + bytes(range(256))), ("utf16", good.encode("utf-16")),
+                      ("gzip", b"\x1f\x8b\x08\x00" + bytes(64)), ("cp1252", "output: \u201cout\u201d\n".encode("cp1252"))]:
+        c.append(Case(f"file-not-utf8-{name}", CLEAR, text=raw, needle="UTF-8"))
+    for ckpt in CHECKPOINTS:  # a state dict that does not fit lists missing and unexpected keys: a line each
+        c.append(Case(f"gap-checkpoint-{ckpt}", CLEAR, _mutate(("attacks",), [{"name": "gap", "generator":
+                                                                               {"checkpoint": ckpt}}]), needle=ckpt,
+                      lines=3 if ckpt == "gap_mismatch.pt" else 1))
+    c.append(Case("gap-checkpoint-missing", CLEAR, _mutate(("attacks",), [{"name": "gap", "generator":
+                                                                          {"checkpoint": "nope.pt"}}]), needle="nope.pt"))
+    return c
+
+
+CASES = _key_cases() + _attack_cases() + _semantic_cases() + _file_cases() + _issue28_cases()
 
 # cases that reveal a known, not yet fixed, problem: id -> what is wrong
 XFAIL: dict[str, str] = {
@@ -324,7 +364,30 @@ def data_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("hostile")
     rng = np.random.default_rng(0)
     np.savez(d / "data.npz", x=rng.random((4, 1, 8, 8), dtype=np.float32), y=rng.integers(0, 3, 4))
+    _write_checkpoints(d)
     return d
+
+
+class _CallsPrint:
+    """Pickled as a call of ``print``: code that ``torch.load(weights_only=True)`` refuses to run."""
+
+    def __reduce__(self):
+        return (print, ("this checkpoint ran code",))
+
+
+def _write_checkpoints(d) -> None:
+    import pickle
+
+    import torch
+
+    torch.save({"w": torch.zeros(2)}, d / "state_dict.pt")
+    torch.save({"state_dict": {"w": torch.zeros(2)}, "extra": _CallsPrint()}, d / "pickled_call.pt")
+    with open(d / "plain_pickle.pt", "wb") as fh:
+        pickle.dump({"w": [1.0, 2.0]}, fh, protocol=4)
+    torch.save({"generator_config": {"kind": "unet", "in_channels": 1, "ngf": 4}, "gap": {},
+                "state_dict": {"w": torch.zeros(1)}}, d / "gap_mismatch.pt")
+    (d / "garbage.pt").write_bytes(b"not a checkpoint at all" * 4)
+    (d / "empty.pt").write_bytes(b"")
 
 
 def _write(case: Case, directory) -> Any:
@@ -391,3 +454,78 @@ def test_the_suite_has_at_least_250_distinct_cases_each_with_an_expected_class()
     assert len(set(ids)) == len(ids), sorted({i for i in ids if ids.count(i) > 1})
     assert all(c.expected in (OK, CLEAR) for c in CASES)
     assert all((c.cfg is None) != (c.text is None) for c in CASES)
+
+
+# --- issue 28: what a run finds in its output folder, and checkpoints it loads ---------------------------------------
+def _foreign_line(out) -> None:
+    with open(out / "log.jsonl", "a") as fh:
+        fh.write('{"note": "a line another tool appended"}\n')
+
+
+def _list_line(out) -> None:
+    with open(out / "log.jsonl", "a") as fh:
+        fh.write("[1, 2, 3]\n")
+
+
+def _row_without_sample(out) -> None:
+    import json
+
+    rows = (out / "log.jsonl").read_text().splitlines()
+    row = json.loads(rows[0])
+    del row["sample"]
+    (out / "log.jsonl").write_text("\n".join([json.dumps(row), *rows[1:]]) + "\n")
+
+
+def _corrupt_run_record(out) -> None:
+    (out / "run.json").write_text("{not json")
+
+
+def _run_record_without_fingerprint(out) -> None:
+    (out / "run.json").write_text("[]")
+
+
+#: (id, how the first run's folder is damaged, text the one error line must contain)
+RUN_CASES = [("log-foreign-line", _foreign_line, "log.jsonl, line"), ("log-a-list-line", _list_line, "log.jsonl, line"),
+             ("log-row-without-sample", _row_without_sample, "sample"),
+             ("run-json-corrupt", _corrupt_run_record, "run.json"),
+             ("run-json-not-a-record", _run_record_without_fingerprint, "run.json")]
+
+
+@pytest.mark.parametrize(("case_id", "damage", "needle"), RUN_CASES, ids=[c[0] for c in RUN_CASES])
+def test_a_damaged_output_folder_is_one_clear_line_on_resume(case_id, damage, needle, tmp_path, data_dir, capsys):
+    (tmp_path / "data.npz").write_bytes((data_dir / "data.npz").read_bytes())
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    rc, err = _run(["evaluate", str(path), "--no-progress"], capsys)
+    assert rc == 0, err
+    damage(tmp_path / "out")
+    rc, err = _run(["evaluate", str(path), "--no-progress"], capsys)
+    assert _classify(rc, err, needle) == CLEAR, (rc, err[-3000:])
+
+
+@pytest.mark.parametrize("ckpt", ["pickled_call.pt", "plain_pickle.pt", "garbage.pt", "empty.pt", "state_dict.pt"])
+def test_a_checkpoint_that_cannot_be_loaded_is_one_clear_line(ckpt, tmp_path, data_dir, capsys):
+    for name in ("data.npz", ckpt):
+        (tmp_path / name).write_bytes((data_dir / name).read_bytes())
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(_mutate(("model", "checkpoint"), ckpt)))
+    rc, err = _run(["evaluate", str(path), "--no-progress"], capsys)
+    # a state dict of other keys lists the missing and the unexpected ones, a line each
+    assert _classify(rc, err, ckpt, 3 if ckpt == "state_dict.pt" else 1) == CLEAR, (rc, err[-3000:])
+    assert "this checkpoint ran code" not in capsys.readouterr().out
+    if ckpt in ("pickled_call.pt", "plain_pickle.pt"):  # objects, not damage: say so, and how to re-save
+        assert "corrupt" not in err and "torch.save(model.state_dict(), path)" in err, err
+        assert "weights_only" in err, err
+
+
+def test_a_results_file_that_is_not_one_is_named():
+    import tempfile
+    from pathlib import Path
+
+    from medadv.results import Results
+
+    with tempfile.TemporaryDirectory() as d:
+        for name, text in [("corrupt.json", "{not json"), ("list.json", "[1, 2]"), ("norows.json", "{}")]:
+            (Path(d) / name).write_text(text)
+            with pytest.raises(ValueError, match=name):
+                Results.from_json(Path(d) / name)

@@ -382,7 +382,7 @@ def test_the_model_section_names_exactly_one_network():
             validate_config({**base, "model": model})
         return e.value.messages
 
-    listed = "`builder`, `monai`, `torchvision`, `torchscript`"
+    listed = "`builder`, `monai`, `torchvision`, `torchscript`, `zoo`"
     assert errors({"kwargs": {"a": 1}}) == [f"`model` needs exactly one of {listed} naming the network"]
     assert errors({"monai": "UNet", "torchvision": "resnet18"}) == [
         f"`model` needs exactly one of {listed} naming the network; got `monai` and `torchvision`"]

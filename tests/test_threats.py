@@ -126,3 +126,13 @@ def test_an_linf_budget_above_half_the_data_range_warns_loudly():
         Linf(8.0, bounds=None)
         Linf(20.0, bounds=(torch.tensor([0.0, -1000.0]).view(2, 1, 1), torch.tensor([1.0, 1000.0]).view(2, 1, 1)))
         L2(8.0, bounds=(0.0, 1.0))  # an L2 norm sums over elements: not comparable with one element's range
+
+
+@pytest.mark.parametrize("threat", ["Linf", "L2"])
+def test_a_budget_beyond_float32_is_refused_in_one_line(threat):
+    # 1e308 is finite in Python but overflows every step of an attack on float32 data (issue 28)
+    import medadv.threats as th
+
+    with pytest.raises(ValueError, match=r"`eps` must be at most 3\.403e\+38"):
+        getattr(th, threat)(1e308, bounds=None)
+    assert getattr(th, threat)(1e30, bounds=None).eps == 1e30

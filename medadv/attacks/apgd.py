@@ -22,13 +22,20 @@ from ..tasks import Segmentation, Task
 from ..threats import Linf, Threat
 from .base import AttackDetails, PerturbOutput, register
 from .engine import EngineOutput, IterativeAttack, StepContext
-from .losses import balanced_weights, cosine_weights, js_divergence, segpgd_weights
+from .losses import (
+    VOLUME_PARAMS,
+    VolumeObjective,
+    balanced_weights,
+    cosine_weights,
+    js_divergence,
+    segpgd_weights,
+)
 from .steps import StepRule
 
 __all__ = ["APGD", "APGDDetails", "APGDStep", "apgd_checkpoints", "LOSSES"]
 
 #: APGD's objectives (see :class:`APGD`)
-LOSSES = ("ce", "margin", "dlr", "cospgd", "segpgd", "balanced-ce", "js", "masked-ce", "masked-balanced-ce",
+LOSSES = ("ce", "margin", "volume", "dlr", "cospgd", "segpgd", "balanced-ce", "js", "masked-ce", "masked-balanced-ce",
           "signed-up", "signed-down")
 
 
@@ -197,6 +204,10 @@ class APGD(IterativeAttack):
       (``down``). Linear in the output, so its gradient does not vanish at ``pred = y`` as the squared or absolute
       error's does; ``auto``'s ``apgd-signed`` member runs both and keeps the larger deviation. Tasks without a
       signed error (class outputs) refuse it. Not targeted: the direction is the goal.
+    * ``"volume"``: a clinical endpoint, the soft volume (ml) of class ``volume_class`` (the class probability
+      summed over the voxels times ``voxel_volume_ml``, :class:`~medadv.attacks.losses.VolumeObjective`), shrunk,
+      grown or driven to a target (``volume_goal``). The best iterate is kept by this objective alone (not by the
+      task's Dice test), and the active set never stops a sample. Segmentation only; not targeted.
 
     The call accepts ``weight=``: per-element weights of the loss or margin, shaped like ``y``'s element grid
     (``(N,)``, ``(N, L)`` or ``(N, *spatial)``), e.g. to focus the attack on some labels or organs; not
@@ -224,6 +235,15 @@ class APGD(IterativeAttack):
         record_trace: keep ``trace["objective"]`` (the objective of every iterate) and
             ``trace["step_size"]`` (the step size η of every step, data units), both ``(T * restarts, N)``,
             NaN for samples no longer attacked.
+        volume_class: ``loss="volume"``: the class whose volume moves (default 1, the first foreground class).
+        volume_goal: ``loss="volume"``: ``"shrink"``, ``"grow"`` or ``"target"``; default: ``"target"``
+            when ``volume_target`` or ``volume_fraction`` is given, else ``"shrink"``.
+        volume_target: ``volume_goal="target"``: the volume to reach, in ml.
+        volume_fraction: ``volume_goal="target"``: the volume to reach as a fraction of the clean soft volume
+            (e.g. 0.9: 10 % smaller; the target is on the soft volume, which the loss moves); exactly one of ``volume_target`` and ``volume_fraction``.
+        voxel_volume_ml: ``loss="volume"``: one voxel's volume in ml, ``prod(spacing in mm) / 1000`` (default
+            0.001: 1 mm isotropic). It scales the objective only (the steps are the same for any value), so it
+            matters for ``volume_target`` in ml.
     """
 
     params: ClassVar[dict[str, Any]] = {
@@ -231,6 +251,7 @@ class APGD(IterativeAttack):
         "rho": Real(low=0.0, high=1.0),
         "momentum": Real(low=0.0, high=1.0, low_open=True),
         "random_start": Bool(),
+        **VOLUME_PARAMS,
     }
     keep_best = True
     needs_clean_logits = False  # y is validated against the first step's forward
@@ -240,6 +261,11 @@ class APGD(IterativeAttack):
     rho: float
     momentum: float
     random_start: bool
+    volume_class: int
+    volume_goal: str | None
+    volume_target: float | None
+    volume_fraction: float | None
+    voxel_volume_ml: float
 
     def __init__(
         self,
@@ -258,9 +284,19 @@ class APGD(IterativeAttack):
         check_every: int = 1,
         amp: bool = False,
         record_trace: bool = False,
+        volume_class: int = 1,
+        volume_goal: str | None = None,
+        volume_target: float | None = None,
+        volume_fraction: float | None = None,
+        voxel_volume_ml: float = 0.001,
     ) -> None:
         super().__init__(task, threat, targeted=targeted, seed=seed)
         self._init_params(locals())
+        VolumeObjective.check_unused("APGD", self.loss, self.volume_target, self.volume_fraction)
+        self._volume: VolumeObjective | None = None if self.loss != "volume" else VolumeObjective(
+            task, "APGD", volume_class=self.volume_class, volume_goal=self.volume_goal,
+            volume_target=self.volume_target, volume_fraction=self.volume_fraction,
+            voxel_volume_ml=self.voxel_volume_ml, targeted=self.targeted)
         if self.loss == "dlr" and not callable(getattr(task, "dlr", None)):
             raise TypeError(f"`loss='dlr'` of APGD is AutoAttack's multi-class loss and {task!r} has none; "
                             "use loss='margin' (the per-label / per-voxel logit margin) or loss='ce'")
@@ -281,6 +317,8 @@ class APGD(IterativeAttack):
     # --- objective -----------------------------------------------------------------------------------------
     def logits_objective(self, logits: Tensor, ctx: StepContext) -> Tensor:
         y, weight = ctx.y, ctx.state.get("weight")
+        if self._volume is not None:
+            return self._volume(logits, ctx.state)
         if self.loss in ("margin", "dlr"):
             if self.loss == "margin":
                 value = self.task.margin(logits, y, weight)
@@ -327,6 +365,8 @@ class APGD(IterativeAttack):
         if self.loss in ("balanced-ce", "masked-balanced-ce"):
             assert isinstance(self.task, Segmentation)
             ctx.state["balance"] = balanced_weights(self.task, ctx.y)
+        if self._volume is not None:
+            self._volume.setup(lambda x: self.forward(model, x), ctx.state, ctx.x, ctx.clean_logits)
         if isinstance(self.threat, Linf):  # the ball's corners, per sample (they follow the active set)
             ctx.state["ball_lo"] = ctx.x - self.threat.eps
             ctx.state["ball_hi"] = ctx.x + self.threat.eps
@@ -334,6 +374,8 @@ class APGD(IterativeAttack):
     def _check_weight(self, weight: Any, ctx: StepContext) -> Tensor:
         if not isinstance(weight, Tensor):
             raise TypeError(f"`weight` of APGD must be a tensor shaped like y's element grid, got {type(weight).__name__}")
+        if self.loss == "volume":
+            raise ValueError("`weight` does not apply to loss='volume' (one class volume per sample)")
         if self.loss == "dlr":
             raise ValueError("`weight` does not apply to loss='dlr' (one value per sample); use loss='margin'")
         if tuple(weight.shape) != tuple(ctx.y.shape):
@@ -342,6 +384,17 @@ class APGD(IterativeAttack):
         if not weight.is_floating_point() or not bool(torch.isfinite(weight).all()) or bool((weight < 0).any()):
             raise ValueError("`weight` of APGD must hold finite non-negative floats")
         return weight.detach().to(ctx.x.device, ctx.x.dtype)
+
+    def stop(self, logits: Tensor, ctx: StepContext) -> Tensor | None:
+        if self._volume is not None:
+            return None  # the volume has no "done": the task's Dice test would stop a shrinking mask half-way
+        return super().stop(logits, ctx)
+
+    def assess(self, model: nn.Module, v: Tensor, logits: Tensor, objective: Tensor,
+               ctx: StepContext) -> tuple[Tensor, Tensor]:
+        if self._volume is not None:  # the best iterate is the one furthest towards the volume goal
+            return torch.zeros_like(objective, dtype=torch.bool), objective.detach()
+        return super().assess(model, v, logits, objective, ctx)
 
     def starts_at_input(self) -> bool:
         assert self.threat is not None

@@ -7,7 +7,12 @@ that metric (:meth:`~medadv.tasks.Task.robust_metric`: accuracy, exact match of 
 * Multi-class: AutoAttack's members through pyautoattack (Croce & Hein, ICML 2020): APGD-CE, APGD-T,
   FAB-T, Square, one at a time so each one's contribution and time are recorded. On inputs pyautoattack's
   Square cannot take (3-D volumes; L2 on images of fewer than 5 rows) the Square member is medadv's own
-  :class:`~medadv.attacks.square.Square` on the logit margin, as for the other tasks.
+  :class:`~medadv.attacks.square.Square` on the logit margin, as for the other tasks. Any class count K >= 2:
+  APGD-T and FAB-T try at most K − 1 target classes, and below 4 classes APGD-T's targeted DLR (it reads the 3rd
+  and 4th largest logit) becomes the loss defined there (K = 3: DLR normalised by ``z_π1 − (z_π2 + z_π3)/2``;
+  K = 2: targeted CE; :data:`medadv.attacks.autoattack.SMALL_CLASS_LOSSES`).
+* A binary classifier with one sigmoid logit is multi-label with one label: the members below on its BCE and its
+  signed margin ``(2y − 1)(z − logit(threshold))``.
 * Multi-label: APGD on the per-label BCE, APGD on the per-label margin, APGD focused on flipping each
   sample's least-confident labels (one run per label, the multi-label analogue of APGD-T), and the
   score-based Square attack on the smallest label margin (a black-box member that exposes masked gradients).
@@ -19,7 +24,12 @@ that metric (:meth:`~medadv.tasks.Task.robust_metric`: accuracy, exact match of 
 * Segmentation (2-D and 3-D): APGD with several per-voxel losses (the task's loss, class-balanced CE,
   Jensen–Shannon to the one-hot label, the CosPGD and SegPGD weightings), optionally with SEA's progressive
   radius (Croce, Singh, Hein, ECCV 2024: phases at 2ε and 1.5ε, then ε; the result always in the ε-ball), then
-  Square on the mean voxel margin; the worst case per sample by mean Dice.
+  Square on the mean voxel margin; the worst case per sample by mean Dice. The clinical endpoint has two members
+  for ``version="custom"`` (``attacks=["apgd-volume-shrink", ...]``), not in ``standard``/``fast``:
+  ``apgd-volume-shrink`` / ``apgd-volume-grow``, APGD with ``loss="volume"`` on class 1's soft volume
+  (:class:`~medadv.attacks.losses.VolumeObjective`); as every member, ``auto`` keeps their examples by its metric
+  (a volume member counts where its shrinking lowers the Dice most). To keep examples by the volume itself, run
+  ``apgd`` with ``loss="volume"`` on its own.
 
 Every member but pyautoattack's gets the whole batch with the samples already at the floor skipped before
 the first step (:meth:`IterativeAttack.run` ``skip``; Square likewise): random numbers are drawn for the
@@ -121,7 +131,10 @@ class _ComponentAPGD(APGD):
                                  loss=self.loss, rho=self.rho, momentum=self.momentum,
                                  random_start=self.random_start and i == 0, seed=self.seed,
                                  active_set=self.active_set and factor == 1.0,
-                                 check_every=max(1, min(self.check_every, steps)))
+                                 check_every=max(1, min(self.check_every, steps)),
+                                 volume_class=self.volume_class, volume_goal=self.volume_goal,
+                                 volume_target=self.volume_target, volume_fraction=self.volume_fraction,
+                                 voxel_volume_ml=self.voxel_volume_ml)
             sub.score, sub.floor = self.score, self.floor
             if start is not None:
                 call_args["start"] = threat.finalize(x, start)  # the previous result, in this phase's ball
@@ -228,7 +241,8 @@ class AutoEvaluation(Attack):
         attacks: the members of ``version="custom"`` (required there, refused otherwise).
         steps: APGD iterations per member (default: the version's).
         restarts: random restarts of each APGD member (multi-label and segmentation).
-        targets: multi-class: target classes of APGD-T and FAB-T (capped at K − 1); multi-label: the
+        targets: multi-class: target classes of APGD-T and FAB-T (capped at K − 1: one on a binary model, whose
+            APGD-T ascends the targeted CE, two on 3 classes); multi-label: the
             least-confident labels APGD-flip tries to flip, one run each (default: the version's).
         queries: Square's query budget per sample (default: the version's).
         progressive_radius: SEA's progressive radius reduction for the APGD members: 30 % of the steps in a
@@ -373,10 +387,10 @@ class AutoEvaluation(Attack):
     def _seed(self, i: int) -> int | None:
         return None if self.seed is None else self.seed + i
 
-    def _apgd(self, i: int, loss: str) -> _ComponentAPGD:
+    def _apgd(self, i: int, loss: str, **volume: Any) -> _ComponentAPGD:
         assert self.threat is not None
         atk = _ComponentAPGD(self.task, self.threat, steps=self._steps, restarts=self.restarts, loss=loss,
-                             seed=self._seed(i), active_set=True, check_every=max(1, self._steps // 10))
+                             seed=self._seed(i), active_set=True, check_every=max(1, self._steps // 10), **volume)
         atk.radius = RADIUS_SCHEDULE if self._radius else ()
         atk.score, atk.floor = self._score, self._floor
         return atk
@@ -390,7 +404,10 @@ class AutoEvaluation(Attack):
             return self._flip_runner(self._apgd(i, "margin"))
         if name == "apgd-signed":
             return self._signed_runner(self._apgd(i, "signed-up"), self._apgd(i, "signed-down"))
-        atk = self._apgd(i, name.removeprefix("apgd-"))
+        if name.startswith("apgd-volume-"):  # the clinical endpoint: class 1's soft volume shrunk or grown
+            atk = self._apgd(i, "volume", volume_goal=name.removeprefix("apgd-volume-"))
+        else:
+            atk = self._apgd(i, name.removeprefix("apgd-"))
 
         def run(model: nn.Module, x: Tensor, y: Tensor, logits: Tensor, skip: Tensor) -> Tensor:
             return atk.run(model, x, y, logits, skip=skip).x_adv

@@ -1,4 +1,4 @@
-"""AutoAttack (pyautoattack) as a medadv attack for multi-class models, in the data's own units.
+"""AutoAttack (pyautoattack) as a medadv attack for classifiers (K >= 2 classes, or one sigmoid logit), in data units.
 
 Croce and Hein, "Reliable evaluation of adversarial robustness with an ensemble of diverse parameter-free
 attacks", ICML 2020. The ensemble (APGD-CE, APGD-T, FAB-T, Square for ``version="standard"``) is
@@ -8,18 +8,21 @@ HU or z-scored MRI is attacked without being clipped to [0, 1].
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..params import Constant, Int, InvalidParameterError, Names, Optional, Options
+from ..runtime import forward_tensor
 from ..tasks import Task
 from ..threats import Threat
 from .base import Attack, register
 
-__all__ = ["AutoAttack", "UnitBox", "run_pyautoattack", "pyautoattack_members", "square_refusal"]
+__all__ = ["AutoAttack", "SoftmaxForm", "UnitBox", "run_pyautoattack", "pyautoattack_members", "square_refusal"]
 
 _VERSIONS = ("standard", "plus", "rand", "custom")
 _ATTACKS = ("apgd-ce", "apgd-dlr", "fab", "square", "apgd-t", "fab-t")
@@ -60,6 +63,22 @@ class _ContiguousGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> Tensor:
         return grad.contiguous()
+
+
+class SoftmaxForm(nn.Module):
+    """``model`` with its output in the task's softmax form (``task.softmax_logits``): ``(N, K)`` logits, K >= 2.
+
+    Multi-class logits pass unchanged; a single-logit sigmoid head (multi-label, one label) becomes the 2-class
+    logits ``[logit(threshold), z]``, so softmax-only code (pyautoattack) attacks the same decision.
+    """
+
+    def __init__(self, model: nn.Module, task: Task) -> None:
+        super().__init__()
+        self.model = model
+        self.task: Any = task
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.task.softmax_logits(forward_tensor(self.model, x))
 
 
 class UnitBox(nn.Module):
@@ -115,14 +134,22 @@ class UnitBox(nn.Module):
 
 @register("autoattack")
 class AutoAttack(Attack):
-    """AutoAttack ensemble (pyautoattack) on a multi-class model; ε and bounds in data units.
+    """AutoAttack ensemble (pyautoattack) on a classifier of K >= 2 classes or one sigmoid logit; ε in data units.
 
     Croce and Hein, ICML 2020. Untargeted only (its targeted members, APGD-T and FAB-T, pick their own
     target classes). pyautoattack seeds torch's global RNG; medadv runs it inside a fork of the global
     CPU (and CUDA) RNG state, so the caller's random stream is the same after the call as before.
 
+    Any class count K >= 2: below 4 classes APGD-T's targeted DLR loss (it reads the 3rd and 4th largest logit)
+    is replaced by the loss defined there, and on 2 classes APGD-DLR's by the logit margin (:data:`SMALL_CLASS_LOSSES`:
+    K = 3: targeted DLR normalised by ``z_π1 − (z_π2 + z_π3)/2``; K = 2: targeted CE towards the other class, APGD-DLR on the
+    margin); FAB-T and APGD-T try the K − 1 other classes at most; APGD-CE, FAB and Square are unchanged.
+
     Args:
-        task: :class:`~medadv.tasks.MultiClass` (AutoAttack is defined for softmax classifiers).
+        task: :class:`~medadv.tasks.MultiClass`, or :class:`~medadv.tasks.MultiLabel` with one label (a
+            single-logit sigmoid head: ``y`` ``(N, 1)``), attacked as the 2 classes ``[logit(threshold), z]``
+            (``task.softmax_logits``: the same decision, CE = the BCE from the threshold). Several labels are
+            refused before any work (use ``auto``).
         threat: ``Linf`` or ``L2`` ball (ε in data units) with finite scalar bounds ``(lo, hi)``.
         version: ``"standard"`` (APGD-CE, APGD-T, FAB-T, Square), ``"plus"``, ``"rand"`` or ``"custom"``.
         attacks: for ``version="custom"`` (required there, refused otherwise), the members to run, e.g.
@@ -140,7 +167,9 @@ class AutoAttack(Attack):
         "batch_size": Optional(Int(low=1)),
         "targeted": Constant(False, "AutoAttack is untargeted: its APGD-T/FAB-T members choose their own targets"),
     }
-    tasks = ("MultiClass",)
+    # a kind with a softmax form (``softmax_logits`` / ``softmax_labels``): multi-class, and multi-label with one
+    # label (a single-logit sigmoid head, attacked as 2 classes); several labels are refused before any work
+    tasks = ("MultiClass", "MultiLabel")
     version: str
     attacks: list[str] | None
     batch_size: int | None
@@ -168,6 +197,8 @@ class AutoAttack(Attack):
     def _check_call(self, model: Any, x: Any, y: Any) -> None:
         """Also refuse, before any work, inputs pyautoattack's Square cannot attack (:func:`square_refusal`)."""
         super()._check_call(model, x, y)
+        if y is not None:  # a task without a softmax form of these labels (several labels) refuses here
+            self.task.softmax_labels(y)  # type: ignore[attr-defined]
         assert self.threat is not None
         norm = "Linf" if math.isinf(self.threat.p) else "L2"
         members = pyautoattack_members(self.version, self.attacks)
@@ -181,8 +212,11 @@ class AutoAttack(Attack):
 
     def perturb(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor | None, **call_args: Any) -> Tensor:
         assert self.threat is not None
-        return run_pyautoattack(model, x, y, logits, self.threat, version=self.version, attacks=self.attacks,
-                                seed=self.seed, batch_size=self.batch_size)
+        task: Any = self.task
+        y_cls = task.softmax_labels(y)  # several labels (y from the clean prediction) refuse after that forward
+        return run_pyautoattack(SoftmaxForm(model, task), x, y_cls,
+                                None if logits is None else task.softmax_logits(logits), self.threat,
+                                version=self.version, attacks=self.attacks, seed=self.seed, batch_size=self.batch_size)
 
 
 def run_pyautoattack(model: nn.Module, x: Tensor, y: Tensor, logits: Tensor | None, threat: Threat, *,
@@ -226,22 +260,88 @@ def run_pyautoattack(model: nn.Module, x: Tensor, y: Tensor, logits: Tensor | No
         # APGD-T and FAB-T try 9 target classes (the top non-true ones); a model with K <= 9 classes has
         # only K - 1, and pyautoattack would index past the logits: cap at K - 1
         num_classes = int(logits.shape[1]) if logits is not None else int(box(u[:1]).shape[1])
-        # DLR divides by z_π1 − (z_π3 + z_π4)/2 (targeted) or z_π1 − z_π3: it needs 4 (3) classes
-        need = {"apgd-t": 4, "apgd-dlr": 3}
-        short = [m for m in aa.attacks_to_run if need.get(m, 2) > num_classes]
-        if short:
-            raise ValueError(
-                f"AutoAttack's {', '.join(short)} need(s) at least {max(need[m] for m in short)} classes (the DLR "
-                f"loss reads the 3rd/4th largest logit); this model has {num_classes}. Use "
-                "version='custom' with attacks=['apgd-ce', 'fab', 'square'] (or medadv's APGD)")
+        # DLR divides by z_π1 − (z_π3 + z_π4)/2 (targeted) or z_π1 − z_π3: below 4 (3) classes those logits do
+        # not exist (pyautoattack indexes past them), so the members take the losses defined there
+        _small_class_losses(aa, num_classes)
+        # pyautoattack's class-count warning ("not possible to use the DLR loss") is void once the losses above
+        # are in place: drop that one record from its shared logger for this run
+        quiet = _DropRecords("classes it is not possible to use")
+        aa.logger.addFilter(quiet)
         for member in (aa.apgd_targeted, aa.fab):
             member.n_target_classes = min(targets or member.n_target_classes, num_classes - 1)
         if steps is not None:
             aa.apgd.n_iter = aa.apgd_targeted.n_iter = steps
         if queries is not None:
             aa.square.n_queries = queries
-        u_adv, _ = aa.run_standard_evaluation(u, y, batch_size=batch_size or x.shape[0])
+        try:
+            u_adv, _ = aa.run_standard_evaluation(u, y, batch_size=batch_size or x.shape[0])
+        finally:
+            aa.logger.removeFilter(quiet)
     # back in data units, exactly inside the ball and bounds (undo the unit-box round-off); only the
     # perturbation is rescaled (against the float32 ``u`` pyautoattack saw), so elements it left alone come
     # back bit-exact in x's own dtype
     return threat.finalize(x, x + (u_adv.to(u) - u).to(x) * box.scale.to(x))
+
+
+class _DropRecords(logging.Filter):
+    """Drops the log records whose message contains ``text``."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
+
+
+def dlr_targeted_3(logits: Tensor, y: Tensor, target: Tensor) -> Tensor:
+    """AutoAttack's targeted DLR loss for 3 classes, per sample ``(N,)`` (ascended by APGD-T).
+
+    ``−(z_y − z_t) / (z_π1 − (z_π2 + z_π3)/2 + 1e-12)``. The reference normaliser ``z_π1 − (z_π3 + z_π4)/2`` (Croce &
+    Hein, ICML 2020, eq. 7) needs a 4th logit; its 3-class analogue ``z_π1 − z_π3`` is the numerator itself when the
+    target is the lowest class and the label the top one (a ratio of exactly 1, zero gradient: APGD-T's 2nd
+    target). The mean of the two lower logits keeps the ratio invariant to shifting and rescaling the logits and
+    never proportional to a difference of two of them.
+    """
+    srt = logits.sort(dim=1).values
+    u = torch.arange(logits.shape[0], device=logits.device)
+    return -(logits[u, y] - logits[u, target]) / (srt[:, -1] - 0.5 * (srt[:, -2] + srt[:, -3]) + 1e-12)
+
+
+def ce_targeted(logits: Tensor, target: Tensor) -> Tensor:
+    """Targeted cross-entropy ``−CE(z, t)`` per sample ``(N,)``: APGD-T's loss on 2 classes, where no DLR ratio
+    is defined (any logit-difference ratio of two logits is ±1, with a zero gradient)."""
+    return -F.cross_entropy(logits, target, reduction="none")
+
+
+def margin_untargeted(logits: Tensor, y: Tensor) -> Tensor:
+    """``−(z_y − max_{j≠y} z_j)`` per sample ``(N,)``: APGD-DLR's loss on 2 classes, DLR's numerator without its
+    normaliser ``z_π1 − z_π3`` (no third logit). On 2 classes CE is ``softplus`` of the same difference, so the
+    steps follow CE's direction; the member is a further run from its own random start."""
+    u = torch.arange(logits.shape[0], device=logits.device)
+    other = logits.scatter(1, y[:, None], float("-inf")).max(dim=1).values
+    return -(logits[u, y] - other)
+
+
+#: the loss of APGD-T and APGD-DLR by class count K (``medadv attacks --params autoattack`` / ``auto`` docs)
+SMALL_CLASS_LOSSES = {
+    2: {"apgd-t": "targeted CE towards the other class", "apgd-dlr": "the logit margin (DLR without normaliser)"},
+    3: {"apgd-t": "targeted DLR normalised by z_π1 − (z_π2 + z_π3)/2", "apgd-dlr": "DLR (z_π1 − z_π3, as for K >= 3)"},
+}
+
+
+def _small_class_losses(aa: Any, num_classes: int) -> None:
+    """Give pyautoattack's APGD-T (below 4 classes) and APGD-DLR (2 classes) the losses defined there.
+
+    pyautoattack picks a member's loss by name in ``attack_single_run`` and looks the function up on the
+    instance (``self.dlr_loss_targeted`` / ``self.dlr_loss``), so an instance attribute replaces it for this
+    run only; the rest of each member (schedule, restarts, targets ``sort()[:, -t]``) is the reference code.
+    """
+    if num_classes < 2:
+        raise ValueError(f"AutoAttack needs (N, K) logits with K >= 2 classes, got K = {num_classes}")
+    targeted = aa.apgd_targeted
+    if num_classes == 3:
+        targeted.dlr_loss_targeted = lambda z, y: dlr_targeted_3(z, y, targeted.y_target)
+    elif num_classes == 2:
+        targeted.dlr_loss_targeted = lambda z, y: ce_targeted(z, targeted.y_target)
+        aa.apgd.dlr_loss = margin_untargeted

@@ -47,6 +47,7 @@ __all__ = [
     "get_attack",
     "available_attacks",
     "attack_class",
+    "hold_fixed_channels",
 ]
 
 
@@ -256,7 +257,8 @@ class Attack(Configurable, ABC):
         check_input(x, self.box)
         if self.spatial_dims and x.ndim - 2 not in self.spatial_dims:
             ranks = " or ".join(f"{d}-D" for d in self.spatial_dims)
-            raise ValueError(f"{type(self).__name__} needs {ranks} inputs (N, C, *spatial), got shape {tuple(x.shape)}")
+            raise ValueError(f"`x` of shape {tuple(x.shape)} holds {x.ndim - 2}-D samples, and "
+                             f"{type(self).__name__} needs {ranks} inputs (N, C, *spatial)")
         if torch.is_inference_mode_enabled():
             raise RuntimeError("attacks need gradients: call them outside torch.inference_mode()")
         param = next((p for p in model.parameters() if p.is_floating_point()), None)
@@ -277,10 +279,18 @@ class Attack(Configurable, ABC):
 
         ``clean_logits``: the model's output on ``x`` in eval mode, when the caller has it already
         (:func:`~medadv.evaluate` computes it once per batch for every attack): it replaces the attack's own clean
-        forward pass. It is read, never modified, and must come from this model and this ``x``.
+        forward pass. It is read, never modified, and must come from this model and this ``x`` as the task reads it
+        (``task.logits_model(model)(x)``: logits also for a task declared with ``outputs="probabilities"``).
+
+        Model outputs that look like probabilities (:meth:`~medadv.tasks.Task.probability_evidence`) are refused
+        on the first output, before any step, unless the task declares ``outputs="probabilities"``: then every
+        output is converted to logits (:meth:`~medadv.tasks.Task.logits_model`) and the attack runs on them.
         """
         self._check_call(model, x, y)
         self._check_call_args(call_args)
+        # a model declared to return probabilities (task `outputs`) is read as logits from here on, by every attack;
+        # probabilities from a task that does not declare them are refused by task.validate on the first output
+        model = self.task.logits_model(model)
         device = model_device(model, x.device)
         x0 = x.detach().to(device)
         if clean_logits is not None and (not isinstance(clean_logits, Tensor) or clean_logits.ndim == 0
@@ -311,7 +321,7 @@ class Attack(Configurable, ABC):
                     logits0 = out.clean_logits.detach()
             else:
                 x_adv, details, trace = out if isinstance(out, tuple) else (out, None, None)
-            x_adv = x_adv.detach()
+            x_adv = hold_fixed_channels(self.task, x_adv.detach(), x0)
             _check_finite_output(self, x_adv)
             with torch.no_grad():
                 logits = forward_tensor(model, x_adv)
@@ -350,6 +360,19 @@ class Attack(Configurable, ABC):
         a ``y``: they must validate ``y`` (``task.validate``) against their first forward.
         Must not modify ``x`` in place.
         """
+
+
+def hold_fixed_channels(task: Task, new: Tensor, clean: Tensor | None) -> Tensor:
+    """``new`` with the input channels that are not part of any threat model (the last
+    :meth:`Task.fixed_input_channels`, e.g. prompt codes) taken from ``clean``, or zeroed when ``clean`` is ``None``
+    (a gradient). ``new`` itself when the task has none. The one place that holds them: the engine applies it to
+    every start, gradient and projected iterate, :meth:`Attack.__call__` to every attack's ``x_adv``, so no norm or
+    budget can move them (a box snap alone flips a code voxel moved by more than half the data range)."""
+    k = task.fixed_input_channels()
+    if not k or new.ndim < 2 or new.shape[1] <= k:  # a batch of another layout is refused by the box check
+        return new
+    keep = torch.zeros_like(new[:, -k:]) if clean is None else clean[:, -k:].to(new.dtype)
+    return torch.cat([new[:, :-k], keep], dim=1)
 
 
 def _check_finite_output(attack: Attack, x_adv: Tensor) -> None:

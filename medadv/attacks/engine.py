@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from ..params import Bool, Int
 from ..runtime import forward_tensor, make_generator
-from .base import Attack, AttackDetails, PerturbOutput
+from .base import Attack, AttackDetails, PerturbOutput, hold_fixed_channels
 from .steps import StepRule
 
 __all__ = ["IterativeAttack", "StepContext", "EngineOutput"]
@@ -269,6 +269,11 @@ class IterativeAttack(Attack):
                  trace: list[Tensor] | None, validate: bool, skip: Tensor | None = None) -> EngineOutput:
         n = ctx.x.shape[0]
         v = self.init_variable(ctx, gen)
+        # the task's fixed input channels (prompt codes) are outside the search set: held at the clean values at the
+        # start, after every projection, and given no gradient (an L2 step's length goes to the image channels)
+        hold = bool(self.task.fixed_input_channels()) and type(self).to_input is IterativeAttack.to_input
+        if hold:
+            v = hold_fixed_channels(self.task, v, ctx.x)
         rule = self.step_rule()
         rule_state = rule.init(v, ctx)
         track = self.keep_best or self.restarts > 1
@@ -306,6 +311,8 @@ class IterativeAttack(Attack):
                 last = t == steps - 1
                 need_grad = self.update_after_last or not last
                 g = torch.autograd.grad(obj.sum(), v)[0] if need_grad else None
+            if hold and g is not None:
+                g = hold_fixed_channels(self.task, g, None)
             v = v.detach()
             obj = obj.detach()
             if trace is not None:
@@ -326,6 +333,8 @@ class IterativeAttack(Attack):
                 best_v = best_v.index_copy(0, ctx.index, torch.where(_rows(b, v), v, best_v[ctx.index]))
             if g is not None:
                 new_v = self.project(rule.step(v, g, obj, ctx, rule_state), ctx)
+                if hold:
+                    new_v = hold_fixed_channels(self.task, new_v, ctx.x)
                 if halt is not None:
                     frozen = stopped[ctx.index]
                     new_v = torch.where(_rows(frozen, new_v), v, new_v)

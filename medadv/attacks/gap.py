@@ -49,15 +49,12 @@ _ARCHITECTURES = ("unet", "resnet")
 
 def load_generator(path: str | os.PathLike) -> tuple[nn.Module, dict[str, Any]]:
     """The generator of a :class:`~medadv.training.GAPTrainer` checkpoint (its best epoch) and the payload."""
-    from ..models.generators import build_generator  # lazy: attacks do not import models at import time
+    # lazy: attacks do not import models at import time
+    from ..models.generators import generator_from_checkpoint
     from ..models.io import load_checkpoint
 
     payload = load_checkpoint(path)
-    if "generator_config" not in payload or "gap" not in payload:
-        raise ValueError(f"{path} is not a GAP checkpoint (no 'generator_config' entry); write one with GAPTrainer")
-    with torch.random.fork_rng(devices=[]):  # its initial weights are overwritten: leave the caller's RNG alone
-        gen = build_generator(**dict(payload["generator_config"]))
-    gen.load_state_dict(payload["best_state"] if payload.get("best_state") else payload["state_dict"])
+    gen = generator_from_checkpoint(payload, path)  # what the file holds instead, in one line, when it is not one
     settings = dict(payload["gap"])
     settings["noise"] = payload.get("noise")
     _CHECKPOINT_SETTINGS[gen] = settings
@@ -72,7 +69,10 @@ def _build_generator(spec: str | Mapping[str, Any]) -> nn.Module:
         extra = sorted(k for k in spec if k != "checkpoint")
         if extra:
             raise InvalidParameterError(f"`generator` of GAP: {{checkpoint: ...}} takes no other keys, got {extra}")
-        return load_generator(spec["checkpoint"])[0]
+        try:
+            return load_generator(spec["checkpoint"])[0]
+        except ValueError as e:  # the file's own reason (a Component would say only "got dict")
+            raise InvalidParameterError(f"`generator` of GAP: {e}") from None
     args = dict(spec) if isinstance(spec, Mapping) else {"name": spec}
     name = args.pop("name", args.pop("kind", "unet"))
     kind = look_up_option(name, _ARCHITECTURES, argument="generator", owner="GAP")

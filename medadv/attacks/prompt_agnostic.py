@@ -8,9 +8,9 @@ transformation is the prompt: every step draws ``prompts`` random prompts per sa
 the model on the image with each, and steps along the gradient of the mean loss (the setting of prompt-agnostic
 attacks on SAM, after Kirillov et al. 2023's click and box prompts; Malik et al. 2024 for medical segmenters).
 
-The variable is the whole coded input; its code channels stay the clean prompt (the task's
-:class:`~medadv.tasks.promptable.PromptBox` pins them, see :mod:`medadv.tasks.promptable`): the prompts drawn per step
-live only in the attack's own copies. ``AttackResult.details`` holds the Dice of ``eval_prompts`` *held-out*
+The variable is the whole coded input; its code channels stay the clean prompt under every norm and budget (the
+engine holds the task's fixed input channels, see :mod:`medadv.tasks.promptable`): the prompts drawn per step live only
+in the attack's own copies. ``AttackResult.details`` holds the Dice of ``eval_prompts`` *held-out*
 prompts (drawn with another seed than the attack's) per sample, before and after: the per-prompt Dice columns of a
 result row.
 """

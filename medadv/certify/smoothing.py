@@ -32,8 +32,22 @@ with frozen parameters and ``torch.no_grad`` (both restored), the caller's tenso
 wrapped for sliding-window inference (:class:`~medadv.models.sliding.SlidingWindow`) is an ``nn.Module`` like any
 other. Noise is not clipped to the data box: the certificate is for the smoothed model on ``R^d``.
 
+Models that return probabilities (a final softmax or sigmoid, such as deepbet's): with the task declared
+``outputs="probabilities"`` the votes are read from the logits the task converts them to
+(:meth:`~medadv.tasks.Task.logits_model`; arg-max and threshold give the same classes as on the probabilities);
+undeclared, :meth:`certify` and :meth:`predict` refuse them on the first forward, in one line. Training for
+smoothing needs the loss: :class:`~medadv.defenses.GaussianAugmentation` through
+:class:`~medadv.defenses.AdversarialTrainer` reads the converted logits too; denoised smoothing's
+:func:`~medadv.certify.fit_denoiser` never reads the model (an MSE objective on images).
+
 ``sigma`` and the certified radii are in the data's own units (HU, [0, 1], z-scores), as L2 norms over the whole
-input (all channels and voxels).
+input (all channels and voxels). So ``sigma`` is checked against the data range by medadv's budget-scale rule
+(:func:`medadv.threats.check_budget_scale`): above the whole range (:data:`~medadv.threats.MAX_SIGMA_FRACTION`;
+``sigma=25`` on [0, 1] data is a 0-255 value, the noise drowns the image) it is refused when the smoother is built
+with ``bounds`` (unless ``allow_large_budgets=True``) and warned at ``certify``/``predict`` without them (against the
+range of ``x``, which may be narrower than the data's); below 0.1 % of the range
+(:data:`~medadv.threats.MIN_BUDGET_FRACTION`; ``sigma=0.25`` on CT in HU) it warns: the radii are then
+meaningless.
 """
 
 from __future__ import annotations
@@ -46,9 +60,21 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..params import Configurable, Int, InvalidParameterError, Optional, Options, Real
+from ..params import (
+    AnyOf,
+    Bool,
+    Configurable,
+    Instance,
+    Int,
+    InvalidParameterError,
+    Optional,
+    Options,
+    Pair,
+    Real,
+)
 from ..runtime import attack_mode, check_input, check_model, forward_tensor, make_generator, model_device
 from ..tasks import MultiClass, MultiLabel, Segmentation, Task, task_family
+from ..threats import MAX_SIGMA_FRACTION, Bounds, Box, check_budget_scale
 from .stats import bonferroni_reject, holm_reject, lcb_table, pvalue_table, two_sided_pvalue
 
 __all__ = ["RandomizedSmoothing", "CertifyResult", "SmoothedPrediction", "FAMILIES", "ABSTAIN"]
@@ -223,6 +249,12 @@ class RandomizedSmoothing(Configurable):
             radii from Clopper–Pearson bounds at the (Bonferroni-) corrected level.
         seed: seed of the noise generator on the model's device (``None``: the global RNG); a ``generator`` given
             to :meth:`certify` or :meth:`predict` takes precedence.
+        bounds: the data box ``(lo, hi)`` (or a :class:`~medadv.threats.Box`) in data units, or ``None``. Given, a
+            ``sigma`` above the data range is refused here, before any work (a value on another scale: ``sigma=25``
+            meant as 25/255 on [0, 1] data), and inputs outside the box are refused; ``None``: ``sigma`` is
+            compared with the range of each ``x`` and only warned about. A ``sigma`` below 0.1 % of the range
+            warns either way. The noise itself is never clipped.
+        allow_large_budgets: accept a ``sigma`` above the data range (as the config's ``allow_large_budgets``).
     """
 
     positional: ClassVar[tuple[str, ...]] = ("task",)
@@ -235,6 +267,8 @@ class RandomizedSmoothing(Configurable):
         "correction": Options("bonferroni", "holm"),
         "tau": Optional(Real(low=0.5, high=1.0, low_open=True, high_open=True)),
         "seed": Optional(Int()),
+        "bounds": Optional(AnyOf(Instance(Box), Pair(Real()))),
+        "allow_large_budgets": Bool(),
     }
 
     task: Task
@@ -246,13 +280,20 @@ class RandomizedSmoothing(Configurable):
     correction: str
     tau: float | None
     seed: int | None
+    bounds: Box | tuple[float, float] | None
+    allow_large_budgets: bool
 
     def __init__(self, task: Task, sigma: float, *, n0: int = 100, n: int = 1000, alpha: float = 0.001,
                  batch_size: int = 256, correction: str = "bonferroni", tau: float | None = None,
-                 seed: int | None = 0) -> None:
+                 seed: int | None = 0, bounds: Box | Bounds | None = None, allow_large_budgets: bool = False) -> None:
         self.family = _family_of(task, type(self).__name__)
         self.task = task
         self._init_params(locals())
+        try:
+            self._box = Box.coerce(self.bounds)
+        except (TypeError, ValueError) as err:
+            raise InvalidParameterError(f"`bounds` of RandomizedSmoothing: {err}") from None
+        self._check_sigma(self._box, " (`bounds`)", large="raise", stacklevel=3)
         if self.correction == "holm" and self.tau is None:
             raise InvalidParameterError(
                 "`tau` of RandomizedSmoothing must be given with correction='holm' (Holm's procedure tests "
@@ -315,10 +356,30 @@ class RandomizedSmoothing(Configurable):
                                   cls.reshape(n, *shape))
 
     # --- internals -------------------------------------------------------------------------------------------
+    def _check_sigma(self, box: Box, where: str, large: str, stacklevel: int = 4) -> None:
+        """medadv's budget-scale rule on ``sigma``: noise above the data range, or below 0.1 % of it."""
+        check_budget_scale(
+            self.sigma, box, name="sigma", owner="RandomizedSmoothing ", where=where, max_fraction=MAX_SIGMA_FRACTION,
+            large=large, allow_large_budgets=self.allow_large_budgets, stacklevel=stacklevel,
+            advice="sigma is in data units, e.g. 25/255 for 25 on a 0-255 scale; pass allow_large_budgets=True "
+                   "if you mean it")
+
     def _prepare(self, model: Any, x: Any, generator: Any) -> tuple[nn.Module, Tensor, torch.Generator | None,
                                                                      torch.device]:
-        model = check_model(model)
+        # a task declared with outputs="probabilities" reads its model's logits (the one conversion,
+        # Task.logits_model): the multi-label threshold is the task's on logits, and a probability read as a
+        # logit would be "present" everywhere; undeclared probabilities are refused by task.validate on the
+        # first noisy forward, before any count
+        model = self.task.logits_model(check_model(model))
         check_input(x)
+        if self._box.bounded:
+            self._box.check_inside(x, "x")
+        elif x.numel():
+            # no declared box: the range of x is a lower bound of the data's, so only a warning (one host read)
+            lo, hi = float(x.min()), float(x.max())
+            if hi > lo:
+                self._check_sigma(Box(lo, hi), " (the range of `x`; give RandomizedSmoothing bounds=(lo, hi) to "
+                                  "check against the declared data range)", large="warn")
         device = model_device(model, x.device)
         if generator is not None:
             if not isinstance(generator, torch.Generator):

@@ -24,6 +24,8 @@ see whether the attack survives the quantisation of the file format.
 
 from __future__ import annotations
 
+import gzip
+import io
 import os
 import re
 from collections.abc import Mapping
@@ -34,10 +36,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..safe_io import write_bytes
 from ..threats import Box
 
 __all__ = ["save_example", "load_example", "original_dtype", "choose_format", "case_stem", "safe_name", "dicom_source",
-           "check_inside", "EXTENSIONS"]
+           "check_inside", "EXTENSIONS", "strip_suffix"]
 
 #: file suffix of each format
 EXTENSIONS = {"nifti": ".nii.gz", "png": ".png", "npy": ".npy", "dicom": ".dcm"}
@@ -55,15 +58,19 @@ def safe_name(text: str) -> str:
     return name or "case"
 
 
+def strip_suffix(name: str) -> str:
+    """``name`` (a file name or path) without its image suffix (``.nii.gz``, ``.png``, ``.npy`` ...; the
+    longest known one, once; case-insensitive): ``"labels/case3.nii.gz"`` -> ``"labels/case3"``."""
+    for suffix in _KNOWN_SUFFIXES:
+        if name.lower().endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
 def case_stem(case_id: str) -> str:
     """A file-name stem for a case: its identifier without folders or image suffixes, unsafe characters
     replaced (``"sub-01/T1w.nii.gz"`` -> ``"T1w"``)."""
-    name = str(case_id).replace("\\", "/").rsplit("/", 1)[-1]
-    for suffix in _KNOWN_SUFFIXES:
-        if name.lower().endswith(suffix) and len(name) > len(suffix):
-            name = name[: -len(suffix)]
-            break
-    return safe_name(name)
+    return safe_name(strip_suffix(str(case_id).replace("\\", "/").rsplit("/", 1)[-1]))
 
 
 def _item(value: Any, i: int) -> Any:
@@ -201,7 +208,9 @@ def save_example(x: Tensor, stem: str | Path, *, box: Box, affine: Tensor | np.n
     path = check_inside(Path(str(stem) + EXTENSIONS[fmt]), root)
     path.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "npy":
-        np.save(path, arr.numpy())
+        buf = io.BytesIO()
+        np.save(buf, arr.numpy())
+        write_bytes(path, buf.getvalue())  # every file: never written through a link (medadv.safe_io)
         return path
     rng = _channel_range(box, arr)
     if fmt == "png":
@@ -215,7 +224,9 @@ def save_example(x: Tensor, stem: str | Path, *, box: Box, affine: Tensor | np.n
         if width_first:
             img = img.transpose(0, 2, 1)
         img = img[0] if img.shape[0] == 1 else img.transpose(1, 2, 0)
-        Image.fromarray(img).save(path)
+        buf = io.BytesIO()
+        Image.fromarray(img).save(buf, format="PNG")
+        write_bytes(path, buf.getvalue())
         return path
     import nibabel as nib
 
@@ -234,7 +245,8 @@ def save_example(x: Tensor, stem: str | Path, *, box: Box, affine: Tensor | np.n
     else:
         nii = nib.Nifti1Image(vol.astype(np.float64 if vol.dtype == np.float64 else np.float32), aff)
     nii.header.set_xyzt_units("mm")
-    nib.save(nii, path)
+    data = nii.to_bytes()  # what nib.save writes to a .nii; .nii.gz is its gzip
+    write_bytes(path, gzip.compress(data) if path.name.endswith(".gz") else data)
     return path
 
 
@@ -420,7 +432,9 @@ def _save_dicom(vol: np.ndarray, folder_or_file: Path, plan: list[tuple[Any, tup
         ts = ds.file_meta.get("TransferSyntaxUID")
         if ts is None or ts.is_compressed or not ts.is_little_endian:  # written uncompressed, little endian
             ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
-        ds.save_as(folder_or_file if single else folder_or_file / f"{k:04d}.dcm")
+        buf = io.BytesIO()
+        ds.save_as(buf)
+        write_bytes(folder_or_file if single else folder_or_file / f"{k:04d}.dcm", buf.getvalue())
 
 
 def _load_dicom(p: Path, spatial: tuple[int, ...], affine: np.ndarray | None) -> np.ndarray:

@@ -4,7 +4,8 @@ A config's ``data`` section names the cases in one of three ways (paths are rela
 folder; image paths inside a datalist or a CSV are relative to that file's folder)::
 
     data: {source: files, images: "images/*.nii.gz", labels: "labels/*.nii.gz"}   # NIfTI, DICOM series
-                                                                                   # folders, PNG/JPEG, .npy
+                                                                                   # folders, PNG/JPEG, .npy;
+                                                                                   # paired by file name
     data: {source: datalist, path: dataset.json, key: validation}                  # MONAI / Decathlon JSON
     data: {source: csv, path: labels.csv, image_column: image,                     # multi-label: 0/1 columns
            label_columns: [frontal, occipital]}
@@ -38,7 +39,23 @@ Cases stream through a MONAI ``Dataset`` (no cache) and ``DataLoader`` in order:
 Each batch is a dict: ``image`` a float :class:`monai.data.MetaTensor` ``(N, C, *spatial)`` whose ``affine``
 (after every transform) gives each case's voxel spacing, ``label`` ``(N, *spatial)`` int64 label maps
 (segmentation), ``(N, L)`` float 0/1 (multi-label) or ``(N,)`` int64 (multi-class), and ``case_id`` the
-case names (the image file name, or the datalist entry's ``id`` / the CSV's ``id_column``).
+case names (the image file name, or the datalist entry's ``id`` / the CSV's ``id_column``), ``path_image`` the
+image files and, for label maps, ``path_label`` the label files (:data:`PATH_KEYS`; relative to the config's
+folder when inside it): :func:`medadv.evaluation.evaluate` records both in every row.
+
+**Pairing** (issue 28). A ``files`` source pairs each image with its label by a declared rule, never by sorted
+order (one missing label and one extra would shift every later pair): by default the same file name, suffixes
+aside (``images/case3.nii.gz`` with ``labels/case3.nii.gz`` or ``labels/case3.nii``); ``pair: {image: T,
+label: T}`` gives templates with one ``{id}`` matched against the end of each path, suffixes removed
+(``{image: "{id}_0000", label: "{id}"}``, ``{image: "{id}/imaging", label: "{id}/segmentation"}``). Images
+without a label, labels without an image, files the rule does not match and two files of one id are refused,
+naming them. A datalist pairs by its entries, a CSV by its rows.
+
+**Geometry** (issue 28). Before any case is read, each case's headers are checked
+(:func:`check_geometry`, :mod:`medadv.data.geometry`): a label map has its image's shape and affine (spacing,
+orientation and origin, within :data:`~medadv.data.geometry.GEOMETRY_TOLERANCE` of a voxel), it holds integers,
+a DICOM series is complete (equally spaced slices), nothing is complex-valued; after the transforms the same
+holds for the tensors (:class:`ToSample`). Each refusal is one line naming the case and its files.
 """
 
 from __future__ import annotations
@@ -51,6 +68,8 @@ import inspect
 import json
 import logging
 import math
+import os
+import re
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -61,16 +80,22 @@ from torch import Tensor
 
 from ..config_schema import ConfigError, CsvData, DatalistData, FilesData, TransformEntry
 from ..params import closest
+from .save import strip_suffix
 
 __all__ = ["DataError", "monai_transforms", "transform_name_error", "list_cases",
            "build_transforms", "check_source", "make_loader", "data_identity", "case_spacing", "width_first",
-           "HEIGHT_FIRST"]
+           "HEIGHT_FIRST", "PATH_KEYS", "check_geometry"]
 
 FileSource = FilesData | DatalistData | CsvData
 
 #: the kinds of labels a file source gives (a task kind's ``label_source``): label images, 0/1 label columns, one
 #: class index per case, numbers per case
 LABEL_SOURCES = ("map", "vector", "index", "values")
+
+#: the keys of a case (and of a batch) recording the files it came from, as the config names them (relative to
+#: the config's folder when inside it): the image, and the label map file; each with its column in the result
+#: rows. (Not ``image_...``: MONAI's dictionary transforms take keys starting with ``<key>_`` for its metadata.)
+PATH_KEYS = {"path_image": "image_path", "path_label": "label_path"}
 
 #: image metadata key set on the 2-D images medadv's loader read height-first, ``(C, H, W)`` (:func:`width_first`)
 HEIGHT_FIRST = "medadv_height_first"
@@ -258,27 +283,90 @@ def _case_ids(paths: Sequence[Path]) -> list[str]:
     names = [p.name for p in paths]
     if len(set(names)) == len(names):
         return names
-    import os
-
     root = Path(os.path.commonpath([str(p.resolve()) for p in paths]))
     return [str(p.resolve().relative_to(root)) for p in paths]
+
+
+def _shown(path: Path, base: Path) -> str:
+    """A case's file as the rows record it: relative to the config's folder when inside it, else absolute."""
+    full = path.resolve()
+    try:
+        return full.relative_to(base.resolve()).as_posix()
+    except ValueError:
+        return str(full)
+
+
+def _template(template: str) -> re.Pattern[str]:
+    """The end of a path (suffixes removed) that ``template`` matches, ``{id}`` one path component's part."""
+    head, tail = template.split("{id}")
+    return re.compile("(?:^|/)" + re.escape(head) + "(?P<id>[^/]+?)" + re.escape(tail) + "$")
+
+
+def _pair_keys(paths: Sequence[Path], template: str, what: str, base: Path) -> dict[str, Path]:
+    """``{id: path}`` of the files a pair template matches; files it does not match, or two files of one id,
+    are refused naming them."""
+    pattern = _template(template)
+    keys: dict[str, Path] = {}
+    unmatched = []
+    for p in paths:
+        m = pattern.search(strip_suffix(p.as_posix()))
+        if m is None:
+            unmatched.append(p)
+        elif m["id"] in keys:
+            folder = f"'{{id}}/{strip_suffix(p.name)}'"
+            raise ConfigError([f"`data.pair`: the {what} files {_shown(keys[m['id']], base)} and {_shown(p, base)} "
+                               f"have the same id {m['id']!r} under the rule {template!r}; make the rule tell them "
+                               f"apart (a folder per case: `pair: {{{what}: {folder}}}`) or list the cases in a "
+                               "datalist"])
+        else:
+            keys[m["id"]] = p
+    if unmatched:
+        raise ConfigError([f"`data.pair.{what}`: {len(unmatched)} {what} file(s) do not match the rule "
+                           f"{template!r}, e.g. {_shown(unmatched[0], base)}"])
+    return keys
+
+
+def _suggest_rule(images: Sequence[Path], labels: Sequence[Path]) -> str | None:
+    """A ``pair`` rule that would pair these unpaired files one to one, when their names differ by one common
+    ending (``case1`` / ``case1_label``: ``{label: '{id}_label'}``); None when there is none."""
+    stems = [sorted(strip_suffix(p.name) for p in side) for side in (images, labels)]
+    if not stems[0] or len(stems[0]) != len(stems[1]):
+        return None
+    for longer, shorter, key in ((1, 0, "label"), (0, 1, "image")):
+        tails = {a[len(b):] for a, b in zip(stems[longer], stems[shorter], strict=True) if a.startswith(b)}
+        if len(tails) == 1 and all(a.startswith(b) for a, b in zip(stems[longer], stems[shorter], strict=True)):
+            tail = tails.pop()
+            if tail:
+                return f"`pair: {{{key}: '{{id}}{tail}'}}` would pair them"
+    return None
 
 
 def _files_cases(conf: FilesData, base: Path) -> list[dict[str, Any]]:
     images = _paths(conf.images, base, "data.images")
     ids = _case_ids(images)
     if conf.labels is None:
-        return [{"image": str(p), "case_id": c} for p, c in zip(images, ids, strict=True)]
+        return [{"image": str(p), "case_id": c, "path_image": _shown(p, base)} for p, c in zip(images, ids, strict=True)]
     labels = _paths(conf.labels, base, "data.labels")
-    by_name = {p.name: p for p in labels}
-    if len(by_name) == len(labels) and set(by_name) == {p.name for p in images}:
-        paired = [by_name[p.name] for p in images]  # same file names in two folders
-    elif len(labels) == len(images):
-        paired = labels  # else in sorted order
-    else:
-        raise ConfigError([f"`data.labels`: {len(labels)} label file(s) for {len(images)} image(s); give one label "
-                           "map per image (paired by file name, else in sorted order)"])
-    return [{"image": str(p), "label": str(lab), "case_id": c} for p, lab, c in zip(images, paired, ids, strict=True)]
+    # pairing is declared, never positional: a missing label and an extra one would shift every later pair
+    rule = conf.pair
+    by_image = _pair_keys(images, rule.image, "image", base)
+    by_label = _pair_keys(labels, rule.label, "label", base)
+    lonely = [p for k, p in by_image.items() if k not in by_label]
+    extra = [p for k, p in by_label.items() if k not in by_image]
+    if lonely or extra:
+        said = "same file name, suffixes aside" if (rule.image, rule.label) == ("{id}", "{id}") else \
+            f"image {rule.image!r}, label {rule.label!r}"
+        parts = ([f"{len(lonely)} image(s) without a label ({', '.join(_shown(p, base) for p in lonely[:3])}"
+                  + (", ..." if len(lonely) > 3 else "") + ")"] if lonely else []) + \
+                ([f"{len(extra)} label(s) without an image ({', '.join(_shown(p, base) for p in extra[:3])}"
+                  + (", ..." if len(extra) > 3 else "") + ")"] if extra else [])
+        rule_hint = _suggest_rule(lonely, extra) or "`pair: {image: '{id}_0000', label: '{id}'}`"
+        raise ConfigError([f"`data.labels`: {' and '.join(parts)} under the pairing rule `data.pair` ({said}); "
+                           f"give every image its label, or declare the rule: {rule_hint}, or list the pairs in a "
+                           "datalist"])
+    keys = {p: k for k, p in by_image.items()}
+    return [{"image": str(p), "label": str(by_label[keys[p]]), "case_id": c, "path_image": _shown(p, base),
+             "path_label": _shown(by_label[keys[p]], base)} for p, c in zip(images, ids, strict=True)]
 
 
 def _datalist_cases(conf: DatalistData, base: Path) -> list[dict[str, Any]]:
@@ -310,10 +398,15 @@ def _datalist_cases(conf: DatalistData, base: Path) -> list[dict[str, Any]]:
     ids = _case_ids([Path(c["image"]) for c in cases])
     for c, default in zip(cases, ids, strict=True):
         c["case_id"] = str(c["id"]) if isinstance(c.get("id"), str | int) else default
+        c["path_image"] = _shown(Path(c["image"]), base)
+        if seg:
+            c["path_label"] = _shown(Path(c["label"]), base)
     return cases
 
 
-def _number(text: str, where: str) -> float:
+def _number(text: str | None, where: str) -> float:
+    if text is None:  # csv.DictReader's value for a cell a short row lacks
+        raise ConfigError([f"{where} is missing (the row has fewer cells than the header)"])
     try:
         return float(text)
     except (TypeError, ValueError):
@@ -324,9 +417,13 @@ def _csv_cases(conf: CsvData, base: Path, label_source: str | None = None) -> li
     path = _relative(conf.path, base)
     if not path.is_file():
         raise FileNotFoundError(f"`data.path`: CSV file not found: {path.resolve()}")
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        rows, columns = list(reader), list(reader.fieldnames or [])
+    try:
+        # utf-8-sig: a byte-order mark (as spreadsheet programs write) is not part of the first column's name
+        with path.open(newline="", encoding="utf-8-sig") as f:
+            reader = csv.DictReader(f)
+            rows, columns = list(reader), list(reader.fieldnames or [])
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise ConfigError([f"`data.path`: {path.name} is not a UTF-8 CSV file ({_short(e)})"]) from None
     if not rows:
         raise ConfigError([f"`data.path`: {path.name} has no rows"])
     named = [("image_column", conf.image_column), ("id_column", conf.id_column), ("label_column", conf.label_column)]
@@ -340,6 +437,9 @@ def _csv_cases(conf: CsvData, base: Path, label_source: str | None = None) -> li
         labels = [c for c in columns if c not in (conf.image_column, conf.id_column)]
         if not labels:
             raise ConfigError([f"`data.path`: {path.name} has no label columns besides {conf.image_column!r}"])
+    empty = next((i for i, r in enumerate(rows) if not r.get(conf.image_column)), None)
+    if empty is not None:
+        raise ConfigError([f"`data.path`: {path.name} row {empty + 2} has no image in column {conf.image_column!r}"])
     images = [_relative(r[conf.image_column], path.parent) for r in rows]
     missing = [p for p in images if not p.exists()]
     if missing:
@@ -368,7 +468,7 @@ def _csv_cases(conf: CsvData, base: Path, label_source: str | None = None) -> li
                 raise ConfigError([f"{at} column {conf.label_column!r} is {r[str(conf.label_column)]!r}; a class "
                                    "index is an integer >= 0"])
             label = int(v)
-        cases.append({"image": str(img), "label": label, "case_id": str(cid)})
+        cases.append({"image": str(img), "label": label, "case_id": str(cid), "path_image": _shown(img, base)})
     return cases
 
 
@@ -417,11 +517,26 @@ def _check_task(cases: Sequence[Mapping[str, Any]], label_source: str | None) ->
 
 
 # --- from a case dict to a sample ----------------------------------------------------------------------------------
+def _files(d: Mapping[str, Any]) -> str:
+    """The files of a case, for an error line: ``image.nii.gz`` or ``image.nii.gz with label labels/x.nii.gz``."""
+    image = d.get("path_image") or (d["image"] if isinstance(d.get("image"), str) else None)
+    label = d.get("path_label")
+    return f" ({image}" + (f" with label {label}" if label else "") + ")" if image else ""
+
+
+_SAME_TRANSFORMS = ("give image and label the same spatial transforms (a label stored in another axis order: "
+                    "Orientationd on both)")
+
+
 class ToSample:
     """The last transform: ``image`` as a float32 MetaTensor, ``label`` in the task's form, ``case_id`` kept.
 
     Segmentation labels ``(1, *spatial)`` become an int64 ``(*spatial)`` label map (a plain tensor) of the
     image's spatial shape; multi-label labels a float ``(L,)`` 0/1 vector; multi-class an int64 scalar.
+    What the transforms made of the case is checked here (a :class:`DataError` naming the case and its files):
+    a complex image (its imaginary part would be lost), a label map whose shape or affine (MONAI's, after every
+    transform) is not the image's (:func:`medadv.data.geometry.affine_mismatch`), or whose values are not
+    integers (never rounded: an interpolated label map is refused).
     """
 
     def __init__(self, kind: str) -> None:
@@ -430,11 +545,17 @@ class ToSample:
     def __call__(self, d: Mapping[str, Any]) -> dict[str, Any]:
         from monai.data import MetaTensor
 
+        from .geometry import affine_mismatch, non_integer_values
+
         out = dict(d)
         cid = out.get("case_id")
         img = out["image"]
         if not isinstance(img, Tensor):
             img = torch.as_tensor(img)
+        if img.is_complex():
+            raise DataError(f"case {cid}{_files(d)}: the image is complex ({img.dtype}); medadv reads real values "
+                            "and would drop the imaginary part: store the magnitude, or the real and imaginary "
+                            "parts as two channels")
         if not isinstance(img, MetaTensor):  # an array transform dropped the geometry: unit spacing
             img = MetaTensor(img)
         out["image"] = img.float()
@@ -444,9 +565,17 @@ class ToSample:
             if t.ndim == img.ndim and t.shape[0] == 1:
                 t = t[0]
             if tuple(t.shape) != tuple(img.shape[1:]):
-                raise DataError(f"case {cid}: label map {tuple(t.shape)} does not match the image "
-                                f"{tuple(img.shape)} (channels first): give the label the same spatial transforms")
-            out["label"] = t.round().long() if t.is_floating_point() else t.long()
+                raise DataError(f"case {cid}{_files(d)}: label map {tuple(t.shape)} does not match the image "
+                                f"{tuple(img.shape)} (channels first): {_SAME_TRANSFORMS}")
+            if isinstance(lab, MetaTensor) and (why := affine_mismatch(img.affine, lab.affine)):
+                raise DataError(f"case {cid}{_files(d)}: after the transforms the label map is on another grid "
+                                f"than the image: {why}; {_SAME_TRANSFORMS}")
+            if t.is_floating_point() or t.is_complex():
+                why = non_integer_values(t)
+                if why:
+                    raise DataError(f"case {cid}{_files(d)}: the label map holds {why}; label maps hold integer "
+                                    "class indices (resample them with mode 'nearest')")
+            out["label"] = t.long()
         elif self.kind in ("vector", "values"):
             out["label"] = torch.as_tensor(lab, dtype=torch.float32)
         else:
@@ -484,9 +613,12 @@ def _dataset_class() -> type:
                 self.transform.set_random_state(seed=(self.seed * 1_000_003 + index) % (2**32))
             try:
                 return super()._transform(index)
-            except DataError:
-                raise
             except Exception as e:
+                inner: BaseException | None = e
+                while inner is not None and not isinstance(inner, DataError):
+                    inner = inner.__cause__  # MONAI's Compose wraps what a transform raises in a RuntimeError
+                if inner is not None:
+                    raise inner from None
                 case = self.data[index]
                 raise DataError(f"case {case.get('case_id')} ({case.get('image')}): {_short(e)}") from e
 
@@ -497,13 +629,49 @@ def _file_keys(cases: Sequence[Mapping[str, Any]]) -> list[str]:
     return ["image"] + (["label"] if cases and isinstance(cases[0].get("label"), str) else [])
 
 
+def _case_keys(cases: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The keys a transform may name: the case's, but the recorded paths (:data:`PATH_KEYS`)."""
+    return sorted(k for k in cases[0] if k not in PATH_KEYS)
+
+
+def check_geometry(cases: Sequence[Mapping[str, Any]]) -> None:
+    """Each case's files from their headers (:mod:`medadv.data.geometry`): readable, a DICOM series complete,
+    no complex image, and a label map on its image's grid (shape, spacing, orientation, origin) holding integers.
+    A :class:`DataError` names the case and the files; nothing but headers is read (and float label maps)."""
+    from .geometry import GeometryError, check_label_values, geometry_mismatch, read_geometry
+
+    for c in cases:
+        at = f"case {c.get('case_id')}"
+        try:
+            image = read_geometry(c["image"])
+            label = read_geometry(c["label"]) if isinstance(c.get("label"), str) else None
+        except GeometryError as e:
+            raise DataError(f"{at} ({e.path}): {e.reason}") from None
+        if image is not None and image.dtype is not None and image.dtype.kind == "c":
+            raise DataError(f"{at}{_files(c)}: the image is complex ({image.dtype}); medadv reads real values and "
+                            "would drop the imaginary part: store the magnitude, or the real and imaginary parts "
+                            "as two channels")
+        if image is None or label is None:
+            continue
+        why = geometry_mismatch(image, label)
+        if why:
+            raise DataError(f"{at}{_files(c)}: the label is not on the image's grid: {why}; a label map shares its "
+                            "image's shape and affine (resample it onto the image, e.g. with MONAI "
+                            "ResampleToMatch, and save it with the image's affine)")
+        why = check_label_values(c["label"], label)
+        if why:
+            raise DataError(f"{at}{_files(c)}: the label map holds {why}; label maps hold integer class indices")
+
+
 def check_source(conf: FileSource, base_dir: str | Path | None, label_source: str | None = None) -> list[Any]:
-    """Everything that can be checked without reading an image: the files exist, the labels fit the task,
-    the transforms' names, arguments and keys. Returns the built transforms."""
+    """Everything that can be checked from the config and the files' headers: the files exist and pair, the
+    labels fit the task, each case's geometry (:func:`check_geometry`), the transforms' names, arguments and
+    keys. Returns the built transforms."""
     cases = list_cases(conf, base_dir, label_source)
     kind = _check_task(cases, label_source)
-    return build_transforms(conf.transforms, _file_keys(cases), sorted(cases[0])) \
-        + [ToSample(kind)]
+    transforms = build_transforms(conf.transforms, _file_keys(cases), _case_keys(cases))
+    check_geometry(cases)
+    return transforms + [ToSample(kind)]
 
 
 class _Batches:
@@ -531,7 +699,8 @@ def make_loader(conf: FileSource, base_dir: str | Path | None, *, batch_size: in
 
     cases = list_cases(conf, base_dir, label_source)
     kind = _check_task(cases, label_source)
-    transforms = build_transforms(conf.transforms, _file_keys(cases), sorted(cases[0]))
+    transforms = build_transforms(conf.transforms, _file_keys(cases), _case_keys(cases))
+    check_geometry(cases)  # before any case is read: refused before any work, as `medadv validate` does
     pipeline = Compose([*transforms, ToSample(kind)])
     dataset = _dataset_class()(data=cases, transform=pipeline)
     dataset.seed = seed  # random transforms draw per case from (seed, case index): see CaseDataset

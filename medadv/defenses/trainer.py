@@ -41,6 +41,10 @@ class AdversarialTrainer(Fitter):
         checkpoint: file written after every epoch (model, optimiser, strategy state, generator state,
             history); if it exists when :meth:`fit` starts, training resumes from it.
         progress: show a tqdm progress bar (the displayed loss syncs with the device once per epoch).
+
+    A model ending in a softmax or sigmoid trains on its logits when the task declares
+    ``outputs="probabilities"`` (:meth:`~medadv.tasks.Task.logits_model`: the strategy's loss and its train-time
+    attacks read ``log p`` / ``logit p``); undeclared, :meth:`fit` refuses it before the first step.
     """
 
     def __init__(self, model: nn.Module, task: Task, strategy: TrainingStrategy, *, epochs: int = 10,
@@ -60,12 +64,16 @@ class AdversarialTrainer(Fitter):
         super().__init__(model, optimizer, epochs=epochs, batch_size=batch_size, seed=seed, checkpoint=checkpoint,
                          progress=progress)
         self.model, self.task, self.strategy = model, task, strategy
+        # what every strategy's loss and train-time attack reads: the model's logits, also when the task declares
+        # outputs="probabilities" (log p / logit p: the loss is not computed on probabilities). The wrapper has no
+        # parameters of its own: the optimiser and the checkpoints hold `model` itself
+        self.logits_model = task.logits_model(model)
         self.desc = f"train[{strategy.name}]"
 
     # --- loop hooks -----------------------------------------------------------------------------------
     def batch_loss(self, x: Tensor, y: Tensor | None, generator: torch.Generator) -> Tensor:
         assert y is not None
-        return self.strategy.loss(self.model, x, y, self.task, generator)
+        return self.strategy.loss(self.logits_model, x, y, self.task, generator)
 
     def checkpoint_state(self) -> dict[str, Any]:
         return {"strategy": self.strategy.state_dict(), "strategy_name": self.strategy.name}
@@ -88,6 +96,7 @@ class AdversarialTrainer(Fitter):
         device = model_device(self.model, x.device)
         with torch.no_grad():
             self.model.eval()
-            probe = self.model(x[:2].to(device))
+            probe = self.task.forward(self.model, x[:2].to(device))
+        # refuses undeclared probabilities before any step (a loss on them would train the wrong objective)
         self.task.validate(probe, y[:2].to(device), "y")
         return self.run(x, y, device, callback)

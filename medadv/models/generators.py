@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from ..params import Int, Real, look_up_option
 
-__all__ = ["ResnetGenerator", "UnetGenerator", "build_generator", "init_weights"]
+__all__ = ["ResnetGenerator", "UnetGenerator", "build_generator", "init_weights", "generator_from_checkpoint"]
 
 
 _POSITIVE = Int(low=1)
@@ -222,3 +222,36 @@ def build_generator(kind: str = "unet", **kwargs: Any) -> nn.Module:
     """
     kind = look_up_option(kind, ("unet", "resnet"), argument="kind", owner="build_generator")
     return UnetGenerator(**kwargs) if kind == "unet" else ResnetGenerator(**kwargs)
+
+
+def generator_from_checkpoint(payload: Any, path: Any) -> nn.Module:
+    """The generator of a GAPTrainer checkpoint's ``payload`` (read from ``path``), its best weights loaded.
+
+    A file that is not one is a ``ValueError`` of one line saying what the file holds instead (a network's state
+    dict belongs in ``model.checkpoint``), and weights that do not fit the architecture the checkpoint names list
+    the mismatching keys briefly (:func:`medadv.models.io.load_state_dict`), never torch's whole message."""
+    from collections.abc import Mapping
+
+    from .io import STATE_DICT_KEYS, load_state_dict
+
+    if not isinstance(payload, Mapping):
+        raise ValueError(f"{path} holds a {type(payload).__name__}, not a GAP checkpoint (a mapping with "
+                         "'generator_config', 'gap' and the generator's weights, as medadv.GAPTrainer writes)")
+    if "generator_config" not in payload or "gap" not in payload:
+        tensors = any(isinstance(v, Tensor) for v in payload.values()) or any(
+            isinstance(payload.get(k), Mapping) for k in STATE_DICT_KEYS)
+        what = ("the weights of a network (a state dict): give them as `model.checkpoint`" if tensors else
+                f"keys {', '.join(map(repr, list(payload)[:8])) or 'none'}")
+        raise ValueError(f"{path} is not a GAP checkpoint: it has no 'generator_config' and 'gap' entries (it holds "
+                         f"{what}); a GAP generator is trained and written by medadv.GAPTrainer")
+    config = payload["generator_config"]
+    if not isinstance(config, Mapping):
+        raise ValueError(f"{path}: 'generator_config' is a {type(config).__name__}, not a mapping of build_generator "
+                         "arguments")
+    with torch.random.fork_rng(devices=[]):  # its initial weights are overwritten: leave the caller's RNG alone
+        gen = build_generator(**dict(config))
+    state = payload.get("best_state") or payload.get("state_dict")
+    if not isinstance(state, Mapping):
+        raise ValueError(f"{path} has no generator weights ('best_state' or 'state_dict')")
+    load_state_dict(gen, state, source=f"the GAP checkpoint {path}")
+    return gen

@@ -52,9 +52,13 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module | None = None, **e
     payload: dict[str, Any] = dict(extra)
     if model is not None:
         payload["state_dict"] = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    import io
+
+    from ..safe_io import write_bytes
+
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    write_bytes(path, buf.getvalue())  # atomic, never through a link (medadv.safe_io)
 
 
 def _existing(path: str | os.PathLike, where: str, what: str) -> Path:
@@ -65,6 +69,17 @@ def _existing(path: str | os.PathLike, where: str, what: str) -> Path:
     return p
 
 
+def _is_pickle(p: Path) -> bool:
+    """Whether ``p`` starts as a pickle does (the PROTO opcode, protocol 2 or later) or as a ``torch.save`` zip
+    archive: a file that does, yet that the weights-only unpickler refuses, holds objects, not damage."""
+    try:
+        with open(p, "rb") as fh:
+            head = fh.read(4)
+    except OSError:
+        return False
+    return (len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5) or head == b"PK\x03\x04"
+
+
 def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, where: str = "checkpoint") -> Any:
     """``torch.load(path, weights_only=True)``; a missing, corrupt or code-holding file is one line naming it."""
     p = _existing(path, where, "checkpoint")
@@ -72,12 +87,20 @@ def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, where
         return torch.load(p, map_location=map_location, weights_only=True)
     except Exception as e:  # torch raises RuntimeError, UnpicklingError, EOFError, KeyError, ... for bad files
         # never repeat torch's advice to retry with weights_only=False: that runs the file's code
-        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
+        text = str(e)
+        found = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)", text)
         if found:
             raise CheckpointError(
                 f"{where}: {p} holds a pickled Python object ({found.group(1)}), which medadv does not load "
                 "(weights_only=True: a pickle can run code); save the weights instead: "
                 "torch.save(model.state_dict(), path)") from None
+        if "Weights only load failed" in text and _is_pickle(p):  # objects the weights-only unpickler refuses
+            detail = re.search(r"WeightsUnpickler error: \s*([^\n]+)", text)
+            why = f" ({detail.group(1).strip()[:120]})" if detail else ""
+            raise CheckpointError(
+                f"{where}: {p} holds objects that torch.load(weights_only=True) refuses{why}: a pickle of Python "
+                "objects (it can run code), not only tensors; medadv does not load it. Re-save the weights from "
+                "the code that made it: torch.save(model.state_dict(), path)") from None
         raise CheckpointError(f"{where}: cannot read {p}: the file is corrupt or truncated, or was not written by "
                               f"torch.save ({type(e).__name__}): not a valid PyTorch checkpoint") from None
 

@@ -33,7 +33,8 @@ from ..params import closest
 
 __all__ = ["monai_networks", "resolve_monai", "torchvision_networks", "resolve_torchvision", "no_download",
            "refuse_downloads", "file_names", "check_file", "import_file", "check_builder", "check_kwargs",
-           "call_builder", "DOWNLOAD_ARGS"]
+           "call_builder", "DOWNLOAD_ARGS", "MEDADV_FACTORIES", "MONAI_FACTORIES", "network_factories",
+           "builds_network"]
 
 #: arguments through which MONAI and torchvision networks download weights, and the value that does not
 DOWNLOAD_ARGS: dict[str, Any] = {"weights": None, "weights_backbone": None, "pretrained": False,
@@ -52,10 +53,67 @@ def _short(e: BaseException) -> str:
     return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
+# --- what builds a network, decided before anything is called ----------------------------------------------------
+#: medadv's own network factory functions (``builder: small_unet``); classes need no entry (an nn.Module subclass
+#: is recognised as such)
+MEDADV_FACTORIES = ("medadv.models.nets:chexnet", "medadv.models.nets:small_cnn", "medadv.models.nets:small_unet",
+                    "medadv.models.generators:build_generator")
+#: MONAI's network factory functions that do not declare a network return type (``resnet18`` and the like, which
+#: do, are recognised from their annotation); its other functions (``drop_connect``,
+#: ``get_pretrained_resnet_medicalnet``) are not networks
+MONAI_FACTORIES = ("MedNeXtB", "MedNeXtL", "MedNeXtLarge", "MedNeXtM", "MedNeXtMedium", "MedNeXtS", "MedNeXtSmall",
+                   "MedNextB", "MedNextBase", "MedNextL", "MedNextLarge", "MedNextM", "MedNextMedium", "MedNextS",
+                   "MedNextSmall", "vista3d132")
+
+
+def _returns_module(fn: Any) -> bool:
+    try:
+        ret = typing.get_type_hints(fn).get("return")
+    except Exception:  # unresolvable annotations declare nothing
+        return False
+    return inspect.isclass(ret) and issubclass(ret, nn.Module)
+
+
+@functools.cache
+def network_factories() -> frozenset[Any]:
+    """The functions a config may name as a network builder without ``--allow-code`` (compared by identity):
+    torchvision's registered model builders (``torchvision.models.list_models()``), MONAI's network functions
+    (annotated to return an ``nn.Module``, or listed in :data:`MONAI_FACTORIES`) and :data:`MEDADV_FACTORIES`.
+
+    Any other function of an allow-listed package (``monai.utils.module:optional_import`` imports any module,
+    ``monai.networks.utils:save_state`` writes a file anywhere) is code, and refused before it is called."""
+    import importlib
+
+    import monai.networks.nets as nets
+    import torchvision.models
+
+    found: set[Any] = {torchvision.models.get_model_builder(n) for n in torchvision.models.list_models()}
+    for name in dir(nets):
+        obj = getattr(nets, name)
+        if inspect.isfunction(obj) and not name.startswith("_") and (name in MONAI_FACTORIES or _returns_module(obj)):
+            found.add(obj)
+    for spec in MEDADV_FACTORIES:
+        mod, _, attr = spec.partition(":")
+        found.add(getattr(importlib.import_module(mod), attr))
+    return frozenset(found)
+
+
+def builds_network(obj: Any) -> bool:
+    """Whether ``obj`` is what builds a network: an ``nn.Module`` subclass (decided with ``issubclass``, nothing
+    called) or a declared network factory (:func:`network_factories`)."""
+    if inspect.isclass(obj):
+        return issubclass(obj, nn.Module)
+    try:
+        return obj in network_factories()
+    except TypeError:  # unhashable: not a function
+        return False
+
+
 # --- MONAI and torchvision ---------------------------------------------------------------------------------------
 @functools.cache
 def monai_networks() -> dict[str, Callable[..., Any]]:
-    """The networks of ``monai.networks.nets`` by name: its ``nn.Module`` classes and builder functions."""
+    """The networks of ``monai.networks.nets`` by name: its ``nn.Module`` classes and network factory functions
+    (:func:`builds_network`; not its helpers such as ``drop_connect``)."""
     import monai.networks.nets as nets
 
     out: dict[str, Callable[..., Any]] = {}
@@ -63,7 +121,7 @@ def monai_networks() -> dict[str, Callable[..., Any]]:
         obj = getattr(nets, name)
         if name.startswith("_") or isinstance(obj, ModuleType):
             continue
-        if (inspect.isclass(obj) and issubclass(obj, nn.Module)) or inspect.isfunction(obj):
+        if builds_network(obj):
             out[name] = obj
     return out
 

@@ -34,8 +34,8 @@ class Prompted(nn.Module):
     """``net(image, prompts)`` as ``model(x)`` for ``x = [image | prompt code]``.
 
     The code channels are detached and decoded by threshold (:meth:`PromptableSegmentation.decode`): the input
-    gradient on them is exactly zero, and the network sees the clean prompt whatever the attack did to them below half
-    the data range (the :class:`~medadv.tasks.promptable.PromptBox` snaps them back anyway).
+    gradient on them is exactly zero (every attack also holds them at their clean values:
+    :func:`medadv.attacks.base.hold_fixed_channels`).
 
     Args:
         net: a module called as ``net(image, prompts)`` returning ``(N, 2, *spatial)`` logits.

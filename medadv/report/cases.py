@@ -224,10 +224,13 @@ def select_cases(
 ) -> list[Case]:
     """Attack the batch ``(x, y)`` once and return the ``k`` samples the attack changed most.
 
-    The title of each case names the attack and its budget (``attack.name``, ``attack.budget``).
+    The title of each case names the attack and its budget (``attack.name``, ``attack.budget``). A model that
+    returns probabilities is read through :meth:`~medadv.tasks.Task.logits_model` when ``task`` declares
+    ``outputs="probabilities"`` (and refused by the attack, before it steps, when it does not).
     """
     from ..runtime import attack_mode, forward_tensor, model_device
 
+    model = task.logits_model(model)  # declared probabilities: the logits the attack and the case read
     device = model_device(model)
     xd, yd = x.to(device), y.to(device)
     with attack_mode(model), torch.no_grad():
@@ -341,6 +344,8 @@ def worst_cases(
 
     if k <= 0 or not len(getattr(results, "rows", ())):
         return []
+    # declared probabilities: the clean logits handed to the attack are the ones evaluate() read
+    model = task.logits_model(model)
     col = _metric_column(task)
     by_name: dict[str, list[Mapping[str, Any]]] = {}
     for r in results.rows:
@@ -693,5 +698,7 @@ def plot_case(case: Case, path: str | Path | None = None, *, dpi: int = 110) -> 
     if path is not None:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(p, dpi=dpi)
+        from ..safe_io import save_figure
+
+        save_figure(fig, p, dpi=dpi)  # never through a link (issue 28)
     return fig

@@ -112,6 +112,14 @@ class Section:
 
 
 # --- formatting -----------------------------------------------------------------------------------------------------
+def _h(text: Any) -> str:
+    """``text`` escaped for the HTML of ours (findings, intros), where the template does not escape: every user
+    string (attack ids, class and model names, titles, paths) goes through it."""
+    from markupsafe import escape
+
+    return str(escape(str(text)))
+
+
 def _is_num(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
@@ -307,6 +315,11 @@ def _budget_sort(b: Any) -> float:
 
 
 def _findings(results: Results, summary: list[dict[str, Any]], metric: str | None) -> list[str]:
+    """The key findings (HTML of ours; every user string passes :func:`_h`): the clean metric, each attack at
+    its largest budget, and the strongest attack among the in-ball attacks of one budget and norm.
+
+    Attacks are ranked only against attacks of the same budget and norm: a non-Lp attack (no budget) or one
+    whose measured perturbations left its ε-ball (:meth:`Results.ball_check`) is marked and never ranked."""
     out: list[str] = []
     if metric is None:
         return out
@@ -314,9 +327,9 @@ def _findings(results: Results, summary: list[dict[str, Any]], metric: str | Non
 
     lower_better = lower_is_better(metric)
     name = _METRIC_NAMES.get(metric, metric)
+    balls = results.ball_check()
     clean = _mean(r.get(f"clean_{metric}") for r in summary)
-    out.append(f"Clean {name}: <b>{fmt(clean)}</b> on {max(int(r['n']) for r in summary)} samples.")
-    worst: tuple[float, str] | None = None
+    out.append(f"Clean {_h(name)}: <b>{fmt(clean)}</b> on {max(int(r['n']) for r in summary)} samples.")
     for fam, rows in _by_family(summary).items():
         r = rows[-1]  # the largest budget: the clearest effect
         adv = r.get(f"adv_{metric}")
@@ -333,12 +346,29 @@ def _findings(results: Results, summary: list[dict[str, Any]], metric: str | Non
         else:
             effect = ""
         at = "" if r["budget"] is None else f" at ε = {fmt_budget(r['budget'])}"
-        out.append(f"<b>{fam}</b>{at}: {name} {fmt(clean)} → <b>{fmt(adv)}</b>{rel}{effect}.")
-        damage = float(adv) if not lower_better else -float(adv)  # the worst attack: lowest accuracy, largest error
-        if worst is None or damage < worst[0]:
-            worst = (damage, _key(fam, r["budget"]))
-    if worst is not None and len(out) > 2:
-        out.append(f"Strongest attack: <b>{worst[1]}</b> ({name} {fmt(abs(worst[0]) if lower_better else worst[0])}).")
+        ball = balls.get((r["attack"], r["budget"]))
+        mark = "" if ball is None or ball["status"] == "in" else (
+            f" <span class='warn'>{_h(Results.ball_note(ball, r['budget']))}: not ranked</span>")
+        out.append(f"<b>{_h(fam)}</b>{at}: {_h(name)} {fmt(clean)} → <b>{fmt(adv)}</b>{rel}{effect}.{mark}")
+    # the strongest attack: among the in-ball attacks of one norm and budget, at the largest budget where at
+    # least two attack families ran (one attack alone is not "strongest" of anything)
+    comparable: dict[tuple[str, float], list[tuple[float, str]]] = {}
+    for r in summary:
+        ball = balls.get((r["attack"], r["budget"]))
+        adv = r.get(f"adv_{metric}")
+        if ball is None or ball["status"] != "in" or adv is None or _nan(adv):
+            continue
+        damage = float(adv) if not lower_better else -float(adv)  # the worst: lowest accuracy, largest error
+        comparable.setdefault((ball["norm"], float(r["budget"])), []).append((damage, _family(r["attack"])))
+    ranked = [(b, norm, entries) for (norm, b), entries in comparable.items()
+              if len({fam for _, fam in entries}) >= 2]
+    if ranked:
+        budget, norm, entries = max(ranked, key=lambda t: (t[0], t[1]))
+        damage, fam = min(entries)
+        sym = "L∞" if norm == "Linf" else "L2"
+        value = abs(damage) if lower_better else damage
+        out.append(f"Strongest attack at ε = {fmt_budget(budget)} ({sym}, {len(entries)} attacks at this budget): "
+                   f"<b>{_h(fam)}</b> ({_h(name)} {fmt(value)}).")
     flags = results.masking_flags()
     if flags:
         out.append(f"<span class='warn'>{len(flags)} gradient-masking check(s) fired</span>: the robust numbers "
@@ -354,11 +384,14 @@ def _curves(results: Results, summary: list[dict[str, Any]], metric: str, class_
         return blocks
     clean = _mean(r.get(f"clean_{metric}") for r in summary)
     fams = _by_family(rows)
+    out_of_ball = {_family(a) for (a, _), e in results.ball_check().items() if e["status"] == "out"}
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7.6, 4.0))
     for i, (fam, rs) in enumerate(fams.items()):
         ax.plot([0.0] + [float(r["budget"]) for r in rs], [clean] + [float(r[f"adv_{metric}"]) for r in rs],
-                marker="o", color=PALETTE[i % len(PALETTE)], ls="-" if i < len(PALETTE) else "--", label=fam, lw=1.8)
+                marker="o", color=PALETTE[i % len(PALETTE)], lw=1.8,
+                ls=":" if fam in out_of_ball else "-" if i < len(PALETTE) else "--",
+                label=fam + (" (left its ε-ball)" if fam in out_of_ball else ""))
     ax.axhline(clean, color="grey", ls="--", lw=1, label="clean")
     _style(ax, "budget ε (data units)", _METRIC_NAMES.get(metric, metric), f"{_METRIC_NAMES.get(metric, metric)} "
            "vs attack budget")
@@ -451,6 +484,18 @@ def _counted(meta: Mapping[str, Any], k: int) -> list[int]:
     """The classes a segmentation's mean Dice counts: all but the background (class 0) when the task leaves it
     out (``include_background=False`` in ``meta["task"]``, the task's repr that evaluate records)."""
     return list(range(1, k)) if "include_background=False" in str(meta.get("task", "")) else list(range(k))
+
+
+def _missed_counts(results: Results, rows: Sequence[Mapping[str, Any]], which: str = "adv",
+                   what: str = "missed") -> int | None:
+    """How many structures (case × class, over the classes the mean Dice counts) the ``which`` prediction
+    ``missed`` (present in the reference, empty in the prediction) or has ``absent`` (empty in both): the
+    ``*_missed`` / ``*_absent`` columns of a segmentation; None when the rows have none."""
+    col = f"{which}_{what}"
+    if not rows or not all(isinstance(r.get(col), list) for r in rows):
+        return None
+    keep = _counted(results.meta, len(rows[0][col]))
+    return sum(bool(r[col][j]) for r in rows for j in keep if j < len(r[col]))
 
 
 def _hd95_unit(meta: Mapping[str, Any]) -> str:
@@ -563,15 +608,28 @@ def _per_class_section(results: Results, metric: str, class_names: Sequence[str]
             _bars(ax, names, [("clean", [_mean(v) for v in hc]), ("attacked", [_mean(v) for v in ha])],
                   f"HD95 ({unit})", _key(*key), None, errors=[[ci95(v) for v in hc], [ci95(v) for v in ha]])
             ax.set_ylim(bottom=0)
+            grp = results.groups().get(key, [])
+            if grp and all(isinstance(r.get("adv_missed"), list) for r in grp):
+                for pos, j in enumerate(keep):  # a missed structure has no HD95: say so where its bar would be
+                    n_missed = sum(bool(r["adv_missed"][j]) for r in grp if j < len(r["adv_missed"]))
+                    if n_missed:
+                        ax.text(pos, 0, f"missed {n_missed}/{len(grp)}", rotation=90, ha="left", va="bottom",
+                                fontsize=7, color="#c00000")
         _legend_top(fig, axes[0])
         blocks.append(figure_image(fig, "per-class HD95, clean vs attacked, one panel per attack",
                                    f"95th-percentile Hausdorff distance ({unit}) per class, mean over the cases with "
                                    "whiskers for its 95% bootstrap interval; lower is better. A case where the class is "
-                                   "missing from the prediction has no HD95 and is left out of the mean (counted "
-                                   "in the table as undefined)."))
+                                   "missing from the prediction (or from the reference) has no HD95 and is left out "
+                                   "of the mean and the bar: a structure missed in every case has no bar at all. The "
+                                   "table below counts them: missed (in the reference, not predicted) and absent "
+                                   "(in neither), clean / attacked."))
     table_rows = []
+    groups = results.groups()
     for key in sorted(vals, key=lambda kb: (str(kb[0]), _budget_sort(kb[1]))):
         c, a = vals[key]
+        grp = groups.get(key, [])
+        counts = what == "Dice" and bool(grp) and all(
+            isinstance(r.get(f"{w}_{m}"), list) for r in grp for w in ("clean", "adv") for m in ("missed", "absent"))
         for j in range(k):
             row: dict[str, Any] = {
                 "attack": _family(key[0]), "budget": key[1], "class": names[j], f"clean {what}": c[j],
@@ -581,16 +639,93 @@ def _per_class_section(results: Results, metric: str, class_names: Sequence[str]
                 hc, ha = hd[key][0][j], hd[key][1][j]
                 row.update({"clean HD95": _mean(hc), "attacked HD95": _mean(ha), "HD95 CI": fmt_ci(ci95(ha), 2),
                             "HD95 undefined": f"{sum(_nan(v) for v in hc)} / {sum(_nan(v) for v in ha)} of {len(ha)}"})
+            if counts:  # missed and absent structures, which no HD95 mean counts (class index keep[j])
+                for m in ("missed", "absent"):
+                    row[m] = (f"{sum(bool(r['clean_' + m][keep[j]]) for r in grp)} / "
+                              f"{sum(bool(r['adv_' + m][keep[j]]) for r in grp)} of {len(grp)}")
             table_rows.append(row)
     caption = f"per-class {what}" + (f" and HD95 ({unit})" if hd_keys else "") + " for every attack and budget"
     blocks.append(_plain_table(table_rows, caption, collapsed=len(table_rows) > 24))
     said = ("<i>95% CI</i> is the 95% bootstrap confidence interval of the attacked mean over the cases"
             + ("; <i>HD95 CI</i> the same for the attacked HD95; <i>HD95 undefined</i> counts the cases without an "
-               "HD95 (the class absent from the label or the prediction), clean / attacked" if hd_keys else ""))
+               "HD95 (the class absent from the label or the prediction), clean / attacked; the HD95 means and "
+               "bars are over the other cases only" if hd_keys else "")
+            + ("; <i>missed</i> counts the cases where the class is in the reference and missing from the "
+               "prediction (its Dice is 0; it has no HD95), <i>absent</i> those where it is in neither (Dice 1 by "
+               "convention, left out of the mean Dice), clean / attacked"
+               if any("missed" in r for r in table_rows) else ""))
     return Section("per-class", "Per-class results",
                    f"Per-class {what}" + (f" and HD95 ({unit})" if hd_keys else "") + ", clean (grey) vs attacked, "
                    "for each attack at its largest budget. A class that loses much more than the others is the weak "
                    f"spot of the model. {said}.", blocks)
+
+
+# --- volumes (clinical endpoint) ------------------------------------------------------------------------------------
+#: the per-class volume columns of a 3-D segmentation with a spacing (:meth:`medadv.tasks.Segmentation.volume_columns`)
+VOLUME_COLUMNS = ("ref_volume_ml", "clean_volume_ml", "adv_volume_ml", "volume_change_ml", "volume_change_pct")
+
+
+def volume_rows(results: Results, class_names: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Per (attack, budget, foreground class): the mean reference, clean and attacked volume (ml), the mean change
+    (ml and % of the clean volume) and a 95 % bootstrap interval of the % change over the cases; ``[]`` when the
+    rows have no volume columns (no voxel spacing, or not a 3-D segmentation). Class 0 (the background, the rest of
+    the field of view) is left out. Attacks in the order of the results (the colours of the other figures), budgets
+    ascending within an attack."""
+    groups = results.groups()
+    out: list[dict[str, Any]] = []
+    order = {f: i for i, f in enumerate(dict.fromkeys(_family(a) for a, _ in groups))}  # as the other figures
+    for key in sorted(groups, key=lambda kb: (order[_family(kb[0])], _budget_sort(kb[1]), str(kb[0]))):
+        rows = [r for r in groups[key] if isinstance(r.get("adv_volume_ml"), list)]
+        if not rows:
+            continue
+        k = len(rows[0]["adv_volume_ml"])
+        names = list(class_names)[:k] if class_names and len(class_names) >= k else [str(j) for j in range(k)]
+        for j in range(1, k):
+            def col(c: str, rows: list[dict[str, Any]] = rows, j: int = j) -> list[Any]:
+                return [r[c][j] if isinstance(r.get(c), list) and j < len(r[c]) else None for r in rows]
+
+            pct = col("volume_change_pct")
+            out.append({"attack": key[0], "budget": key[1], "class": names[j],
+                        "reference (ml)": _mean(col("ref_volume_ml")), "clean (ml)": _mean(col("clean_volume_ml")),
+                        "attacked (ml)": _mean(col("adv_volume_ml")), "change (ml)": _mean(col("volume_change_ml")),
+                        "change (%)": _mean(pct), "change % 95% CI": fmt_ci(ci95(pct), 2), "n": len(rows)})
+    return out
+
+
+def _volume_section(results: Results, class_names: Sequence[str] | None) -> Section | None:
+    table_rows = volume_rows(results, class_names)
+    if not table_rows:
+        return None
+    blocks: list[Any] = []
+    classes = list(dict.fromkeys(r["class"] for r in table_rows))
+    budgeted = [r for r in table_rows if _is_num(r["budget"])]
+    if budgeted:  # volume change against the budget, one line per attack, one panel per class
+        shown = classes[:6]
+        fig, axes = _grid(len(shown), 3, 4.2, 3.0)
+        fams = list(dict.fromkeys(_family(r["attack"]) for r in budgeted))
+        for ax, name in zip(axes, shown, strict=False):
+            for i, fam in enumerate(fams):
+                rs = sorted((r for r in budgeted if r["class"] == name and _family(r["attack"]) == fam),
+                            key=lambda r: _budget_sort(r["budget"]))
+                if rs:
+                    ax.plot([0.0] + [float(r["budget"]) for r in rs], [0.0] + [r["change (%)"] for r in rs],
+                            marker="o", lw=1.6, color=PALETTE[i % len(PALETTE)], label=fam,
+                            ls="-" if i < len(PALETTE) else "--")
+            ax.axhline(0.0, color="grey", lw=0.8, ls="--")
+            _style(ax, "budget ε (data units)", "volume change (%)", str(name))
+        _legend_top(fig, axes[0])
+        blocks.append(figure_image(fig, "volume change (%) vs budget, one line per attack, one panel per class",
+                                   "The mean change of each class's predicted volume, attacked − clean, in % of the "
+                                   "clean volume; 0 at ε = 0. Below 0: the attack shrank the structure."))
+    shown_rows = [{**r, "attack": _family(r["attack"])} for r in table_rows]  # the budget has its own column
+    blocks.append(_table(shown_rows, list(table_rows[0]),
+                         "mean volumes over the cases per attack, budget and class", collapsed=len(table_rows) > 24))
+    return Section("volumes", "Volumes (clinical endpoint)",
+                   "The volume of each predicted structure in ml (voxel count × the voxel volume of each case's "
+                   "spacing, mm³ / 1000) — for brain extraction the total intracranial volume (TIV), the clinical "
+                   "output — clean and attacked, beside the reference mask's. <i>change</i> is attacked − clean, in "
+                   "ml and in % of the clean volume (a case whose clean prediction has none of the class has no %); "
+                   "<i>change % 95% CI</i> is the bootstrap interval of the mean % change over the cases.", blocks)
 
 
 #: the config's sections in the order a reader looks for them; the others follow in their own order
@@ -751,6 +886,7 @@ def _results_sections(results: Results, class_names: Sequence[str] | None) -> li
     # the perturbation; every other mean column is in the full table below it
     compact: list[dict[str, Any]] = []
     groups = results.groups()
+    balls = results.ball_check()
     for r in rows:
         row = {"attack": _family(r["attack"]), "budget": r["budget"]}
         if metric:
@@ -764,10 +900,19 @@ def _results_sections(results: Results, class_names: Sequence[str] | None) -> li
             keep = _counted(results.meta, len(r["clean_hd95"]))
             row.update({f"{w}_hd95": _mean(r[f"{w}_hd95"][j] for j in keep if j < len(r[f"{w}_hd95"]))
                         for w in ("clean", "adv")})
+        missed = _missed_counts(results, groups.get((r["attack"], r["budget"]), []))
+        if missed is not None:  # structures HD95 cannot count (missing from the prediction), in their own column
+            row["missed"] = missed
+        change = r.get("volume_change_pct")
+        if isinstance(change, list) and len(change) == 2:  # one structure (brain extraction: TIV): its volume change
+            row["volume_change_pct"] = change[1]
         for col in ("changed_fraction", "changed", "fooled", "linf", "n"):
             # `changed` (any voxel) says little next to the share of changed voxels: in the full table
             if col in r and not (col == "changed" and "changed_fraction" in r):
                 row[col] = r[col]
+        ball = balls.get((r["attack"], r["budget"]))
+        if ball is not None:
+            row["ε-ball"] = Results.ball_note(ball, r["budget"])
         compact.append(row)
     ccols = list(dict.fromkeys(k for r in compact for k in r))
     table = _table(compact, ccols, "Means over the samples (budget ε in data units; hover a column name for its "
@@ -785,11 +930,20 @@ def _results_sections(results: Results, class_names: Sequence[str] | None) -> li
             h.text = "95% CI"
         elif h.title in ("clean_hd95", "adv_hd95"):
             h.text = "HD95 clean" if h.title == "clean_hd95" else "HD95 attacked"
+        elif h.title == "volume_change_pct":
+            h.text = "volume Δ %"
     glossary = {"changed_fraction": "the share of voxels whose label the attack changed",
                 "changed": "the share of samples whose prediction changed",
                 "fooled": "the share of samples the attack counts as fooled (the task's test)",
                 "linf": "the largest change of one input value",
+                "missed": "the number of structures (case × class counted by the mean Dice) present in the "
+                          "reference and missing from the attacked prediction; HD95 is undefined for them and its "
+                          "means leave them out, so they are counted here",
+                "ε-ball": "whether every perturbation stayed within the attack's budget (an attack that leaves it, "
+                          "or one with no ε-ball at all, is not comparable with the others and is never ranked)",
                 f"adv_{metric}_ci95": "the 95% bootstrap confidence interval of the attacked mean over the cases",
+                "volume_change_pct": "the mean change of the structure's predicted volume, attacked − clean, in % "
+                                     "of the clean volume (see the volumes section)",
                 "clean_hd95": f"the 95th-percentile Hausdorff distance in {_hd95_unit(results.meta)}, mean over the "
                               "classes and cases (lower is better; see the per-class results)"}
     shown = {h.title: h.text for h in table.headers}
@@ -811,6 +965,9 @@ def _results_sections(results: Results, class_names: Sequence[str] | None) -> li
         per = _per_class_section(results, metric, class_names)
         if per is not None:
             sections.append(per)
+    volumes = _volume_section(results, class_names)
+    if volumes is not None:
+        sections.append(volumes)
     details = [c for c in summary_columns(summary) if c.startswith(DETAIL_PREFIX) and c not in ENSEMBLE_DETAILS]
     if details:
         drows = [r for r in rows if any(c in r for c in details)]
@@ -1139,7 +1296,7 @@ def _study_noise_baseline(study: StudyLike, class_names: Sequence[str] | None) -
     _bars(ax, names, series, metric, "adversarial vs matched random noise", None)
     _legend_top(fig, ax)
     return Section("study-noise-baseline", "Adversarial vs random noise (Paschali)",
-                   f"Random noise scaled to the same image similarity ({match}) as each adversarial example: the gap "
+                   f"Random noise scaled to the same image similarity ({_h(match)}) as each adversarial example: the gap "
                    "shows the damage is specific to the adversarial direction, not to the amount of noise.",
                    [figure_image(fig, "adversarial vs matched noise bars"),
                     _table(rows, list(dict.fromkeys(k for r in rows for k in r)))])
@@ -1160,7 +1317,7 @@ def _study_frequency(study: StudyLike, class_names: Sequence[str] | None) -> Sec
     notes = study.meta.get("notes") if isinstance(study.meta, Mapping) else None  # e.g. VAFA's renormalisation
     return Section("study-frequency", "Frequency bands (Malik et al.)",
                    "The perturbation filtered to low or high spatial frequencies: which band carries the attack.",
-                   ([Bullets([str(n) for n in notes], "warn")] if notes else [])
+                   ([Bullets([_h(n) for n in notes], "warn")] if notes else [])
                    + [figure_image(fig, "frequency band bars"), _plain_table(study.rows, "all rows", collapsed=False)])
 
 
@@ -1378,13 +1535,15 @@ def _study_certify(study: StudyLike, class_names: Sequence[str] | None) -> Secti
     ax.set_xticks(radii)
     ax.legend(fontsize=8, loc="lower left", frameon=False)
     fig.tight_layout()
-    intro = (f"Gaussian randomized smoothing (Cohen et al. 2019), σ = {fmt(meta.get('sigma'))}, n0 = {meta.get('n0')}, "
-             f"n = {meta.get('n')}, α = {fmt(meta.get('alpha'))} ({meta.get('correction')}"
-             f"{'' if meta.get('tau') is None else ', τ = ' + fmt(meta.get('tau'))}): the <b>certified</b> {metric} "
+    intro = (f"Gaussian randomized smoothing (Cohen et al. 2019), σ = {_h(fmt(meta.get('sigma')))}, "
+             f"n0 = {_h(meta.get('n0'))}, n = {_h(meta.get('n'))}, α = {_h(fmt(meta.get('alpha')))} "
+             f"({_h(meta.get('correction'))}"
+             f"{'' if meta.get('tau') is None else ', τ = ' + _h(fmt(meta.get('tau')))}): the <b>certified</b> "
+             f"{_h(metric)} "
              "at each L2 radius, abstentions as errors (radius 0: the smoothed model's certified clean metric)")
     if has_emp:
-        intro += (f", and the <b>empirical</b> {metric} of the same smoothed model under <code>{attack}</code> "
-                  f"in the L2 ball of that radius, run on the average over {meta.get('draws')} fixed noise draws "
+        intro += (f", and the <b>empirical</b> {_h(metric)} of the same smoothed model under <code>{_h(attack)}</code> "
+                  f"in the L2 ball of that radius, run on the average over {_h(meta.get('draws'))} fixed noise draws "
                   "(Salman et al. 2019) and scored by the smoothed model's majority vote")
     intro += f". <b>{CERTIFY_RULE}.</b>"
     blocks: list[Any] = []
@@ -1404,7 +1563,7 @@ def _study_certify(study: StudyLike, class_names: Sequence[str] | None) -> Secti
                 cell.cls = (cell.cls + " bad").strip()
     blocks.append(table)
     if meta.get("masking"):
-        blocks.append(Bullets([f"gradient-masking check on the surrogate: {m}" for m in meta["masking"]], "warn"))
+        blocks.append(Bullets([f"gradient-masking check on the surrogate: {_h(m)}" for m in meta["masking"]], "warn"))
     others = [r for r in study.rows if r.get("kind") != "curve"]
     if others:
         blocks.append(_plain_table(others, "per-sample (and per-label) rows: certified radius, abstentions, "
@@ -1470,11 +1629,11 @@ def _study_section(study: StudyLike, class_names: Sequence[str] | None) -> Secti
         sec = fn(study, class_names)
     except (KeyError, TypeError, ValueError, IndexError) as err:  # rows not per the conventions: show them raw
         sec = _study_generic(study, class_names)
-        sec.intro = (f"<span class='warn'>Could not draw this study's figures ({type(err).__name__}: {err}); its rows "
+        sec.intro = (f"<span class='warn'>Could not draw this study's figures ({type(err).__name__}: {_h(err)}); its rows "
                      "are shown as they are.</span>")
     notes = study.meta.get("notes") if isinstance(study.meta, Mapping) else None
     shown = {i for b in sec.blocks if isinstance(b, Bullets) for i in b.items}
-    extra = [str(n) for n in notes or () if str(n) not in shown]
+    extra = [_h(n) for n in notes or () if _h(n) not in shown]
     if extra:  # what the numbers depend on (VAFA's renormalisation): said in every study that ran it
         sec.blocks.insert(0, Bullets(extra, "warn"))
     title = study.meta.get("title") if isinstance(study.meta, Mapping) else None
@@ -1540,6 +1699,27 @@ def render_html_report(
         if not isinstance(s, StudyLike):
             raise TypeError(f"each study must have .study, .rows and .meta (a StudyResult), got {type(s).__name__}")
     class_names = class_names or (results.meta.get("classes") if results is not None else None)
+    from .plots import literal_text
+
+    with literal_text():  # attack ids, class names and titles drawn in figures are user strings
+        sections = _sections(results, studies, cases, saliency, class_names, results_title)
+    # intros and findings hold a little markup of ours (<b>, <i>, links) with every user string escaped (_h);
+    # table cells and titles are escaped by the template
+    for sec in sections:
+        sec.intro = Markup(sec.intro)  # type: ignore[assignment]
+        for b in sec.blocks:
+            if isinstance(b, Bullets):
+                b.items = [Markup(i) for i in b.items]
+    from .. import __version__ as version
+
+    return str(_environment().get_template("report.html.j2").render(
+        title=title, sections=sections, version=version,
+        n_figures=sum(isinstance(b, Image) for s in sections for b in s.blocks)))
+
+
+def _sections(results: Results | None, studies: Sequence[StudyLike], cases: Sequence[Case | Figure],
+              saliency: Sequence[SaliencyPair | Figure], class_names: Sequence[str] | None,
+              results_title: str | None) -> list[Section]:
     sections: list[Section] = []
     if results is not None and len(results):
         sections += _results_sections(results, class_names)
@@ -1556,17 +1736,7 @@ def render_html_report(
         sections.append(_case_section(cases))
     if saliency:
         sections.append(_saliency_section(saliency))
-    # intros and findings hold a little markup of ours (<b>, <i>, links); table cells and titles are escaped
-    for sec in sections:
-        sec.intro = Markup(sec.intro)  # type: ignore[assignment]
-        for b in sec.blocks:
-            if isinstance(b, Bullets):
-                b.items = [Markup(i) for i in b.items]
-    from .. import __version__ as version
-
-    return str(_environment().get_template("report.html.j2").render(
-        title=title, sections=sections, version=version,
-        n_figures=sum(isinstance(b, Image) for s in sections for b in s.blocks)))
+    return sections
 
 
 def write_html_report(
@@ -1605,7 +1775,7 @@ def write_html_report(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / filename
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(html, encoding="utf-8")
-    os.replace(tmp, path)
+    from ..safe_io import write_text
+
+    write_text(path, html)  # atomic, never through a link (issue 28)
     return path

@@ -86,5 +86,7 @@ def plot_saliency_attack(
     if path is not None:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(p, dpi=110)
+        from ..safe_io import save_figure
+
+        save_figure(fig, p, dpi=110)  # never through a link (issue 28)
     return fig

@@ -113,7 +113,10 @@ def key(name: str, budget: float | None) -> str:
 
 
 def forward(model: nn.Module, x: Tensor) -> Tensor:
-    """Logits of ``model`` on ``x`` (eval mode, no gradients, on the model's device; mode restored)."""
+    """Logits of ``model`` on ``x`` (eval mode, no gradients, on the model's device; mode restored).
+
+    ``model`` is read as it is: every study entry point wraps its models once with
+    :meth:`~medadv.tasks.Task.logits_model` (a task declared ``outputs="probabilities"``: logits from here on)."""
     with attack_mode(model), torch.no_grad():
         return forward_tensor(model, x.to(model_device(model, x.device)))
 
@@ -148,6 +151,7 @@ def attacked_batches(model: nn.Module, task: Task, data: Any, named: list[tuple[
     Untargeted attacks get the true labels; targeted ones ``target_fn(x, y, clean_logits)`` (as in ``evaluate``).
     """
     check_targets(named, target_fn)
+    model = task.logits_model(model)  # idempotent: the study entry points have wrapped it already
     device = model_device(model)
     for x, y in batches(data):
         x, y = x.to(device), y.to(device)

@@ -63,7 +63,10 @@ class StudyResult:
 
     def to_json(self, path: str | Path) -> None:
         """Write the result as JSON (tensors/arrays converted, NaN written as ``null``)."""
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False))
+        from ..safe_io import write_text
+
+        # atomic, never through a link planted as study_*.json (issue 28)
+        write_text(path, json.dumps(self.to_dict(), indent=1, allow_nan=False))
 
     @classmethod
     def from_json(cls, path: str | Path) -> StudyResult:

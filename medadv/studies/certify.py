@@ -149,11 +149,14 @@ def empirical_smoothed(rs: RandomizedSmoothing, model: nn.Module, x: Tensor, y: 
     """
     if attack not in ("auto", "pgd"):
         raise InvalidParameterError(f"`attack` of empirical_smoothed must be 'auto' or 'pgd', got {attack!r}")
+    model = rs.task.logits_model(model)  # declared probabilities: the surrogate averages the logits' softmax
     surrogate = NoiseExpectation(model, rs.task, rs.sigma, draws, seed)
+    # the surrogate returns logits whatever the base model returns: the attack reads them as logits
+    logit_task = rs.task.with_outputs("logits") if rs.task.outputs == "probabilities" else rs.task
     clean, abst = smoothed_metric(rs, model, x, y)
     cols, abstains, flags = [clean], [abst.mean()], []
     for r in radii:
-        out = _attack(attack, rs.task, float(r), bounds, steps, seed, options or {})(surrogate, x, y)
+        out = _attack(attack, logit_task, float(r), bounds, steps, seed, options or {})(surrogate, x, y)
         flags += [f"r={float(r):g}: {m}" for m in getattr(out.details, "masking", None) or []]
         per, abst = smoothed_metric(rs, model, out.x_adv, y)
         cols.append(per)
@@ -205,8 +208,7 @@ def certify(
     Returns:
         ``StudyResult("certify")`` with ``curve``, ``sample`` (and, multi-label, ``label``) rows.
     """
-    check_model(model)
-    check_task(task)
+    model = check_task(task).logits_model(check_model(model))  # declared probabilities: logits
     owner = "the certify study"
     rs = RandomizedSmoothing(task, sigma, n0=n0, n=n, alpha=alpha, batch_size=batch_size, correction=correction,
                              tau=tau, seed=seed)

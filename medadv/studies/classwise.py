@@ -220,7 +220,7 @@ def classwise(
     """
     many = isinstance(model, Mapping)
     models = check_models(model, "model") if many else {"model": check_model(model)}
-    check_task(task)
+    models = {k: check_task(task).logits_model(m) for k, m in models.items()}  # declared probabilities: logits
     named = named_attacks(attacks)
     if task.classwise_view not in _BREAKDOWNS:
         kinds = [c.name for c in registered_task_classes() if c.classwise_view in _BREAKDOWNS]

@@ -272,8 +272,7 @@ def correlation(
         and the mean norms); ``cooccurrence`` ``{"clean": M, "adv": M, "labels": names}`` (multi-label),
         ``layer``, ``attack``.
     """
-    check_model(model)
-    check_task(task)
+    model = check_task(task).logits_model(check_model(model))  # declared probabilities: logits
     named = named_attacks(attacks)
     if not named:
         raise ValueError("`attacks` is empty: the correlation study compares clean and attacked samples")

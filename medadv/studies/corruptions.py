@@ -409,8 +409,7 @@ def corruptions(
         ``StudyResult("corruptions")``: rows ``{corruption, severity, param, kind, metric_clean, metric,
         flip_probability}``, ``metric*`` the task's robust metric (``meta["metric"]``).
     """
-    check_model(model)
-    check_task(task)
+    model = check_task(task).logits_model(check_model(model))  # declared probabilities: logits
     box = Box.coerce(bounds)
     corrs = corruption_suite(suite)
     sev = [int(s) for s in severities]
@@ -552,8 +551,7 @@ def noise_baseline(
         ssim_adv, ssim_noise, l2_adv, l2_noise, sigma}`` (means over the samples; metric = the task's robust
         metric, ``meta["metric"]``).
     """
-    check_model(model)
-    check_task(task)
+    model = check_task(task).logits_model(check_model(model))  # declared probabilities: logits
     named = named_attacks(attacks)
     if not named:
         raise ValueError("`attacks` is empty: the noise baseline matches each attack's examples")

@@ -305,8 +305,7 @@ def defenses(
         adv)``); ``meta["training"]`` holds each strategy's settings and per-epoch training loss,
         ``meta["notes"]`` notes on the attacks (VAFA's renormalisation).
     """
-    check_model(model)
-    check_task(task)
+    model = check_task(task).logits_model(check_model(model))  # declared probabilities: logits
     named = named_attacks(attacks)
     if not named:
         raise ValueError("`attacks` is empty: the defenses study compares the strategies under attack")

@@ -71,8 +71,7 @@ def frequency(
         ``meta["notes"]`` says whether its per-slice min–max renormalisation was on and how that bears on the
         low-frequency reading (:func:`~medadv.studies._common.renormalization_notes`).
     """
-    check_model(model)
-    check_task(task)
+    model = check_task(task).logits_model(check_model(model))  # declared probabilities: logits
     named = named_attacks(attacks)
     if not named:
         raise ValueError("`attacks` is empty: the frequency study filters each attack's perturbation")

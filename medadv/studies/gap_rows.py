@@ -135,8 +135,7 @@ def gap(
     from ..attacks.gap import GAP
     from ..training.gap import GAPTrainer
 
-    check_model(model)
-    check_task(task)
+    model = check_task(task).logits_model(check_model(model))  # declared probabilities: logits
     if bounds is None:
         raise ValueError("the gap study needs the data box: give `bounds: [lo, hi]` (GAP scales and clips to it)")
     box = Box.coerce(bounds)

@@ -135,6 +135,7 @@ def models(
     """
     check_task(task)
     nets = check_models(models, "models")
+    nets = {k: task.logits_model(m) for k, m in nets.items()}  # declared probabilities: logits
     named = named_attacks(attacks)
     if not named:
         raise ValueError("`attacks` is empty: the models study compares clean and attacked metrics")

@@ -129,8 +129,7 @@ def reader_study(
         b64 PNG, "right": b64 PNG}}``, ``meta["show"]``, ``meta["seed"]``. Write the readers' folder with
         :func:`export_reader_study`, score it with :func:`score_reader_study`.
     """
-    check_model(model)
-    check_task(task)
+    model = check_task(task).logits_model(check_model(model))  # declared probabilities: logits
     if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 1:
         raise ValueError(f"`pairs` must be an int >= 1, got {pairs!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
@@ -221,16 +220,18 @@ def export_reader_study(study: StudyResult | Mapping[str, Any] | str | Path, fol
     out.mkdir(parents=True, exist_ok=True)
     kdir.mkdir(parents=True, exist_ok=True)
     answers = out / "answers.csv"
-    with answers.open("w", newline="") as f:
+    from ..safe_io import open_output, write_bytes
+
+    with open_output(answers, "w", newline="") as f:  # every file never through a link (issue 28)
         w = csv.writer(f)
         w.writerow(["pair_id", "left", "right", "answer"])
         for r in rows:
             pid = str(r["pair_id"])
             for side in SIDES:
-                (out / f"{pid}_{side}.png").write_bytes(base64.b64decode(images[pid][side]))
+                write_bytes(out / f"{pid}_{side}.png", base64.b64decode(images[pid][side]))
             w.writerow([pid, f"{pid}_left.png", f"{pid}_right.png", ""])
     key_path = kdir / "key.csv"
-    with key_path.open("w", newline="") as f:
+    with open_output(key_path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["pair_id", "adversarial", "attack", "budget", "sample"])
         for r in rows:

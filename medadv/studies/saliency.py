@@ -86,6 +86,7 @@ def saliency(
     """
     check_task(task)
     nets = check_models({"model": models} if isinstance(models, nn.Module) else models, "models")
+    nets = {k: task.logits_model(m) for k, m in nets.items()}  # declared probabilities: logits
     named = named_attacks(attacks)
     if not named:
         raise ValueError("`attacks` is empty: the saliency study compares maps before and after an attack")

@@ -157,8 +157,9 @@ def transfer(
     """
     check_task(task)
     _check_hd95(task, hd95, spacing)
-    sur = check_models(surrogates, "surrogates")
-    tgt = check_models(targets, "targets")
+    sur, tgt = check_models(surrogates, "surrogates"), check_models(targets, "targets")
+    seen: dict[int, nn.Module] = {}  # one wrapper per model: a surrogate that is a target stays white-box (`is`)
+    sur, tgt = ({k: seen.setdefault(id(m), task.logits_model(m)) for k, m in d.items()} for d in (sur, tgt))
     named = named_attacks(attacks)
     if not named:
         raise ValueError("`attacks` is empty: transfer needs at least one attack")

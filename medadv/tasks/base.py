@@ -14,12 +14,13 @@ config, ``medadv tasks``). Nothing outside :mod:`medadv.tasks` tests for a task 
 
 from __future__ import annotations
 
+import copy
 import inspect
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -28,9 +29,9 @@ from torch import Tensor, nn
 from ..params import InvalidParameterError, closest
 from ..runtime import all_finite
 
-__all__ = ["Task", "Outcome", "TaskExample", "register_task", "task_class", "get_task", "available_tasks",
-           "registered_task_classes", "task_family", "tiny_net", "robust_metric_columns",
-           "headline_columns", "lower_is_better"]
+__all__ = ["Task", "Outcome", "LogitsOfProbabilities", "OUTPUT_KINDS", "ProbabilityEvidence", "TaskExample",
+           "register_task", "task_class", "get_task", "available_tasks", "registered_task_classes", "task_family",
+           "tiny_net", "robust_metric_columns", "headline_columns", "lower_is_better"]
 
 
 def _check_finite(name: str, t: Tensor) -> None:
@@ -67,6 +68,23 @@ def _argmax1(logits: Tensor) -> Tensor:
 def _onehot_cosine(p: Tensor, y: Tensor) -> Tensor:
     """``cos(p, onehot(y)) = p_y / ||p||`` over the class axis (dim 1); ``||p|| > 0`` for a softmax."""
     return p.gather(1, y.unsqueeze(1)).squeeze(1) * (p * p).sum(dim=1).rsqrt()
+
+
+class ProbabilityEvidence(NamedTuple):
+    """What :meth:`Task.probability_evidence` found: ``kind`` ``"softmax"`` (rows summing to 1; ``value`` the
+    largest ``|sum - 1|``) or ``"bounded"`` (every output in ``[0, 1]``; ``value`` 1.0), and ``text``, in words."""
+
+    kind: str
+    value: float
+    text: str
+
+
+#: what a model may return (:attr:`Task.outputs`)
+OUTPUT_KINDS = ("logits", "probabilities")
+#: :meth:`Task.probability_evidence`'s defaults: tolerance in output units, and the outputs needed for the
+#: "every value in [0, 1]" test of sigmoid heads
+PROBABILITY_ATOL = 1e-3
+PROBABILITY_MIN_VALUES = 8
 
 
 class Task(ABC):
@@ -123,9 +141,144 @@ class Task(ABC):
     #: ``auto``'s runner: ``"engine"`` (medadv's APGD/Square members) or ``"pyautoattack"`` (the reference code)
     auto_runner: ClassVar[str] = "engine"
 
+    #: what the model returns: ``"logits"`` (what every loss and prediction reads) or ``"probabilities"`` (a model
+    #: ending in a softmax or sigmoid, such as deepbet's softmax ``(N, 2, D, H, W)``): then :meth:`logits_model`
+    #: turns them into logits before anything reads them (:meth:`logits_from_outputs`). Set per instance by
+    #: ``Task(..., outputs=...)`` / a config's ``task: {outputs: probabilities}``. Not declared (the default), the
+    #: task reads logits and refuses outputs that look like probabilities (:meth:`check_outputs`); declared
+    #: ``"logits"``, it reads them as logits unchecked (a logit model whose outputs all fall in ``[0, 1]``).
+    outputs: str = "logits"
+
+    def __init__(self, outputs: str | None = None) -> None:
+        """``outputs``: ``"logits"``, ``"probabilities"`` or ``None`` (logits, checked; see :attr:`outputs`).
+        Kinds with parameters of their own pass it on with ``super().__init__(outputs=outputs)``."""
+        self._set_outputs(outputs)
+
+    def _set_outputs(self, outputs: Any) -> None:
+        if outputs is None:  # not declared: the class default, checked (stored nowhere: fingerprints stay as before)
+            self.__dict__.pop("outputs", None)
+            return
+        if not isinstance(outputs, str) or outputs not in OUTPUT_KINDS:
+            raise ValueError(f"`outputs` of {type(self).__name__} must be one of {', '.join(map(repr, OUTPUT_KINDS))} "
+                             f"(what the model returns), got {outputs!r}")
+        if outputs == "probabilities" and not (self.class_scores and self.outputs_are_logits):
+            raise ValueError(f"`outputs='probabilities'` needs class scores, and the outputs of "
+                             f"{type(self).__name__} are values: leave `outputs` out")
+        self.outputs = outputs
+
+    @property
+    def outputs_declared(self) -> bool:
+        """Whether :attr:`outputs` was declared for this task (``Task(..., outputs=...)``), not left at the default."""
+        return "outputs" in self.__dict__
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         _DEFINED.append(weakref.ref(cls))  # its declarations (headline) count for reports without registration
+
+    # --- probability outputs: the one detection rule and the one conversion -------------------------------------------
+    def probability_evidence(self, out: Tensor, *, atol: float = PROBABILITY_ATOL,
+                             min_values: int = PROBABILITY_MIN_VALUES) -> ProbabilityEvidence | None:
+        """Why ``out`` (a model output on a batch) looks like probabilities rather than logits, or ``None``.
+
+        The one rule (every consumer asks here: the attacks' entry point and :func:`~medadv.evaluate` through
+        :meth:`validate`, and :func:`medadv.masking.check_probability_outputs`):
+
+        * every value lies in ``[-atol, 1 + atol]`` (``atol = 1e-3`` admits half-precision rounding), and
+        * ``"softmax"``: exclusive classes (:attr:`exclusive_classes`: multi-class, segmentation) with ``K >= 2``
+          classes whose sum over the class axis (dim 1) is within ``atol`` of 1 for every sample and voxel (the
+          value is the largest ``|sum - 1|``); or
+        * ``"bounded"``: at least ``min_values`` outputs (8) in the batch, for any class-score kind (multi-label
+          sigmoids in particular, which do not sum to 1; the value is the share in range, 1.0). An honest logit
+          model almost never has every logit of a batch in ``[0, 1]``: absent labels get negative logits, confident
+          ones logits beyond 1; ``min_values`` keeps a lone sample with a few small logits from counting.
+
+        Kinds whose outputs are values, not class scores (regression), never match; nor do log-probabilities
+        (``<= 0``, valid logits), nor outputs that are all exactly 0 or 1 (one-hot rows: the logits of a constant
+        stand-in model as often as a fully saturated softmax). One host read in the common case (the range).
+        """
+        if not (self.class_scores and self.outputs_are_logits) or not out.is_floating_point() or out.numel() == 0:
+            return None
+        lo, hi = torch.stack(torch.aminmax(out.detach())).tolist()  # one host read
+        if not (lo >= -atol and hi <= 1.0 + atol):
+            return None
+        if bool(((out == 0) | (out == 1)).all()):  # exact one-hot / 0-1 rows: a stand-in model's logits as often
+            return None
+        if self.exclusive_classes and out.ndim >= 2 and out.shape[1] >= 2:
+            deviation = float((out.detach().double().sum(dim=1) - 1.0).abs().max())
+            if deviation <= atol:
+                return ProbabilityEvidence(
+                    "softmax", deviation, "every output lies in [0, 1] and the class scores sum to 1 over the class "
+                    f"axis (largest deviation {deviation:.2g}): softmax probabilities")
+        if out.numel() < min_values:
+            return None
+        what = "per-class sigmoids" if self.exclusive_classes else "sigmoid probabilities"
+        return ProbabilityEvidence("bounded", 1.0, f"all {out.numel()} outputs of the batch lie in [0, 1], which "
+                                                   f"logits almost never do: {what}")
+
+    def check_outputs(self, out: Tensor, name: str = "model output") -> None:
+        """Refuse probability outputs (:meth:`probability_evidence`) when :attr:`outputs` is not declared: a loss on
+        probabilities saturates (weak attacks) and a threshold on them is not the task's (a sigmoid of 0.6 read as
+        a logit is "present" at threshold 0.5, so every label looks predicted): the numbers would be wrong.
+
+        Refused: softmax outputs of exclusive classes (rows summing to 1: unambiguous), and bounded outputs of
+        independent labels (multi-label sigmoids). Per-class sigmoids of an exclusive-class head are left to
+        :func:`medadv.masking.check_probability_outputs` (a flag): bounded scores there are no proof, a fresh
+        classifier's logits often all lie in ``[0, 1]``. A declared :attr:`outputs` is trusted: ``"probabilities"``
+        are converted by :meth:`logits_model`, ``"logits"`` are read as they are."""
+        if self.outputs_declared:
+            return
+        why = self.probability_evidence(out)
+        if why is None or (why.kind == "bounded" and self.exclusive_classes):
+            return
+        raise ValueError(f"the {name} looks like probabilities, not logits ({why.text}): declare `outputs: "
+                         f"probabilities` on the task (Python: {type(self).__name__}(..., "
+                         "outputs=\"probabilities\")) if the model ends in a sigmoid or softmax, or remove that "
+                         "layer; if these are logits, declare `outputs: logits`")
+
+    def logits_from_outputs(self, out: Tensor) -> Tensor:
+        """Logits from what the model returns (:attr:`outputs`), differentiably.
+
+        ``"logits"``: ``out`` itself. ``"probabilities"``: exclusive classes (softmax) ``log p`` (valid logits:
+        ``softmax(log p) = p``); independent labels (sigmoid) ``logit(p) = log p - log(1 - p)``. Probabilities are
+        clamped to ``[eps, 1 - eps]`` first (``eps`` = the dtype's machine epsilon, 1.2e-7 in float32, so logits
+        stay within about ±16; half-precision outputs of autocast are converted in float32): a saturated 0 or 1
+        has an infinite logit, and the clamp keeps it finite (its gradient is then 0, as the sigmoid's or
+        softmax's was).
+        """
+        if self.outputs == "logits":
+            return out
+        if out.dtype in (torch.float16, torch.bfloat16):  # autocast: half precision has eps 1e-3..8e-3 (logits ±5)
+            out = out.float()
+        eps = torch.finfo(out.dtype).eps if out.is_floating_point() else 1e-7
+        if self.exclusive_classes:
+            return out.clamp_min(eps).log()
+        p = out.clamp(eps, 1.0 - eps)
+        return p.log() - (-p).log1p()
+
+    def with_outputs(self, outputs: str | None) -> Task:
+        """A copy of this task reading ``outputs`` (``"logits"``, ``"probabilities"`` or ``None``: not declared),
+        every other setting kept; this one is not modified."""
+        new = copy.copy(self)
+        new._set_outputs(outputs)
+        return new
+
+    def logits_model(self, model: nn.Module) -> nn.Module:
+        """The model as this task reads it: ``model`` itself for logits, else a wrapper returning
+        :meth:`logits_from_outputs` of its probabilities (idempotent: a wrapped model is not wrapped again).
+        The attacks' entry point and :func:`~medadv.evaluate` call it; the wrapper holds no parameters of its own,
+        and its submodule names are the model's (a Grad-CAM layer keeps its name)."""
+        if self.outputs == "logits" or isinstance(model, LogitsOfProbabilities):
+            return model
+        return LogitsOfProbabilities(model, self)
+
+    def forward(self, model: nn.Module, x: Tensor) -> Tensor:
+        """The logits of ``model`` on ``x`` as this task reads them: :func:`~medadv.runtime.forward_tensor` of
+        :meth:`logits_model` (declared probabilities converted, once: a model already wrapped is not converted
+        again). Grad mode and the model's mode are the caller's; the output is not checked for undeclared
+        probabilities (:meth:`validate` does that)."""
+        from ..runtime import forward_tensor
+
+        return forward_tensor(self.logits_model(model), x)
 
     # --- validation -------------------------------------------------------------------------------
     @abstractmethod
@@ -137,6 +290,9 @@ class Task(ABC):
         """Raise ``ValueError``/``TypeError`` if ``y`` does not fit ``logits`` for this task."""
 
     def validate(self, logits: Tensor, y: Tensor | None, name: str = "y") -> None:
+        """Refuse a model output this task cannot read (its shape, NaN/Inf, probabilities when :attr:`outputs` is not
+        declared: :meth:`check_outputs`) and labels ``y`` that do not fit it. Every attack calls it on its
+        first model output, before any step; :func:`~medadv.evaluate` on each clean batch."""
         if not isinstance(logits, Tensor):
             raise TypeError(f"model output must be a Tensor of logits, got {type(logits).__name__} "
                             "(wrap models that return tuples or dicts so that forward returns the logits)")
@@ -145,6 +301,7 @@ class Task(ABC):
             if not isinstance(y, Tensor):
                 raise TypeError(f"`{name}` must be a torch.Tensor, got {type(y).__name__}")
             self.validate_labels(logits, y, name)
+        self.check_outputs(logits)  # after the shapes: a label of the wrong shape is the more specific mistake
 
     # --- core quantities ----------------------------------------------------------------------------
     @abstractmethod
@@ -350,6 +507,17 @@ class Task(ABC):
         """How many classes / labels / outputs ``names`` has to name for this task (studies, reports)."""
         return int(logits.shape[1]) if logits.ndim >= 2 else 1
 
+    def check_names(self, names: Any, logits: Tensor, name: str = "class_names") -> None:
+        """Refuse ``names`` (a report's class names) that are not one string per class / label / output of
+        ``logits`` (:meth:`num_groups`): a name list of another length would label the wrong bars and columns."""
+        if isinstance(names, str) or not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
+            raise TypeError(f"`{name}` must be a list of strings, one per model output, got {names!r}")
+        k = self.num_groups(logits)
+        if len(names) != k:
+            raise ValueError(f"`{name}` lists {len(names)} names, but the model has {k} outputs for "
+                             f"{self!r} (shape {tuple(logits.shape)}): give one name per class or label, in output "
+                             "order")
+
     # --- saliency attacks: the class a map explains, and flipping the prediction (defaults fit any task) --------------
     #: a targeted flip is defined (drive the prediction to the target); ``False``: the flip changes one chosen label and
     #: is untargeted only (multi-label)
@@ -433,6 +601,30 @@ class TaskExample:
     box: Any = (0.0, 1.0)
     target: Tensor | None = None
     eps: dict[str, float] = field(default_factory=lambda: {"Linf": 0.1, "L2": 0.5})
+
+
+class LogitsOfProbabilities(nn.Module):
+    """A model that returns probabilities, seen as the logits its task reads (:meth:`Task.logits_model`).
+
+    ``forward(x) = task.logits_from_outputs(model(x))``. It has no parameters or buffers of its own, and
+    :meth:`named_modules` is the wrapped model's, so layer names, ``modules()`` and the mode and parameter
+    bookkeeping of :func:`~medadv.runtime.attack_mode` see the user's model.
+    """
+
+    def __init__(self, model: nn.Module, task: Task) -> None:
+        super().__init__()
+        self.model = model
+        self._task = task
+        self.training = model.training  # the flag alone (train() would reset every submodule's own mode)
+
+    def forward(self, x: Tensor) -> Any:
+        out = self.model(x)
+        # anything but one tensor is passed on: forward_tensor refuses it with its own message
+        return self._task.logits_from_outputs(out) if isinstance(out, Tensor) else out
+
+    def named_modules(self, memo: set[nn.Module] | None = None, prefix: str = "", remove_duplicate: bool = True
+                      ) -> Any:
+        return self.model.named_modules(memo, prefix, remove_duplicate)
 
 
 def tiny_net(in_channels: int, outputs: int, ndim: int, dense: bool, seed: int = 0) -> nn.Module:

@@ -50,7 +50,7 @@ class MultiClass(Task):
 
     name = "multiclass"
     title = "multi-class classification"
-    shapes = "logits (N, K); y (N,) class indices"
+    shapes = "logits (N, K), K >= 2; y (N,) class indices"
     headline = "correct"
     robust_metric_column = "correct"
     robust_metric_binary = True
@@ -65,11 +65,19 @@ class MultiClass(Task):
         "fast": {"attacks": ("apgd-ce", "apgd-t", "square"), "steps": 20, "targets": 3, "queries": 500},
     }
     auto_runner = "pyautoattack"
+    #: ``medadv tasks --params``: the members' losses by class count (``medadv.attacks.autoattack``)
+    auto_note: ClassVar[str] = (
+        "any K >= 2: APGD-CE; APGD-T and FAB-T try min(targets, K - 1) classes; APGD-T's loss is AutoAttack's "
+        "targeted DLR for K >= 4, DLR normalised by z_pi1 - (z_pi2 + z_pi3)/2 for K = 3, targeted CE for K = 2 "
+        "(where apgd-dlr ascends the logit margin); a single sigmoid logit is the multilabel task with one label")
 
     def validate_logits(self, logits: Tensor) -> None:
         if logits.ndim != 2 or logits.shape[1] < 2:
+            one = logits.ndim == 1 or (logits.ndim == 2 and logits.shape[1] == 1)
+            hint = ("; a single-logit sigmoid head is the multilabel task with one label (its output (N, 1), y (N, 1) "
+                    "of 0/1)" if one else "")
             raise ValueError(
-                f"model output must be (N, K) logits with K >= 2 for MultiClass, got shape {tuple(logits.shape)}"
+                f"model output must be (N, K) logits with K >= 2 for MultiClass, got shape {tuple(logits.shape)}{hint}"
             )
         _check_finite("model output", logits)
 
@@ -103,6 +111,15 @@ class MultiClass(Task):
 
     def predict(self, logits: Tensor) -> Tensor:
         return _argmax1(logits)
+
+    def softmax_labels(self, y: Tensor) -> Tensor:
+        """The labels as ``(N,)`` class indices of :meth:`softmax_logits` (what pyautoattack's ``autoattack``
+        takes): the labels themselves."""
+        return y.long()
+
+    def softmax_logits(self, logits: Tensor) -> Tensor:
+        """The output as ``(N, K)`` softmax logits, K >= 2 (what ``autoattack`` attacks): the logits themselves."""
+        return logits
 
     def distributions(self, logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         p = logits.softmax(dim=1)
@@ -194,6 +211,8 @@ class MultiLabel(Task):
 
     Args:
         threshold: probability above which a label is predicted present (0 < threshold < 1).
+        outputs: ``"probabilities"`` for a model ending in a sigmoid (read as ``logit(p)``), ``"logits"``, or
+            ``None``: logits, and sigmoid-like outputs are refused (:attr:`Task.outputs`).
 
     Labels are multi-hot floats ``(N, L)`` in {0, 1}. Untargeted ``fooled``: any label flipped;
     targeted: every label equals the target vector.
@@ -201,7 +220,7 @@ class MultiLabel(Task):
 
     name = "multilabel"
     title = "multi-label classification"
-    shapes = "logits (N, L); y (N, L) 0/1"
+    shapes = "logits (N, L); y (N, L) 0/1 (L = 1: a single-logit sigmoid head)"
     headline = "label_accuracy"
     robust_metric_column = "exact_match"
     tiebreak_column = "label_accuracy"
@@ -216,8 +235,14 @@ class MultiLabel(Task):
         "fast": {"attacks": ("apgd-ce", "apgd-margin", "apgd-flip", "square"), "steps": 20, "targets": 1,
                  "queries": 500, "square_loss": "min-margin"},
     }
+    #: ``medadv tasks --params``: a single-logit sigmoid head is this kind with one label
+    auto_note: ClassVar[str] = (
+        "one label (a single-logit sigmoid head, output and y (N, 1)): APGD on the BCE, APGD on the signed margin "
+        "(2y - 1)(z - logit(threshold)), APGD flipping the label, Square on that margin; `autoattack` attacks it as "
+        "the 2 classes [logit(threshold), z]")
 
-    def __init__(self, threshold: float = 0.5) -> None:
+    def __init__(self, threshold: float = 0.5, outputs: str | None = None) -> None:
+        super().__init__(outputs=outputs)  # "probabilities": a model ending in a sigmoid (Task.outputs)
         if not 0.0 < float(threshold) < 1.0:
             raise ValueError(f"`threshold` must be in (0, 1), got {threshold}")
         self.threshold = float(threshold)
@@ -225,7 +250,9 @@ class MultiLabel(Task):
 
     def validate_logits(self, logits: Tensor) -> None:
         if logits.ndim != 2:
-            raise ValueError(f"model output must be (N, L) logits for MultiLabel, got shape {tuple(logits.shape)}")
+            hint = (" (a single-logit sigmoid head returning (N,): return logits.unsqueeze(1), (N, 1), with y (N, 1))"
+                    if logits.ndim == 1 else "")
+            raise ValueError(f"model output must be (N, L) logits for MultiLabel, got shape {tuple(logits.shape)}{hint}")
         _check_finite("model output", logits)
 
     def validate_labels(self, logits: Tensor, y: Tensor, name: str = "y") -> None:
@@ -254,6 +281,37 @@ class MultiLabel(Task):
 
     def predict(self, logits: Tensor) -> Tensor:
         return (logits > self._logit_threshold).to(logits.dtype)
+
+    def parse_labels(self, y: Tensor, x: Tensor) -> Tensor:
+        """A vector ``(N,)`` of 0/1 is one label per sample, ``(N, 1)`` (a single-logit sigmoid head's labels as a
+        data file usually holds them); other shapes are kept (and checked against the output by :meth:`validate`)."""
+        return y[:, None] if y.ndim == 1 else y
+
+    def softmax_labels(self, y: Tensor) -> Tensor:
+        """One label (a single-logit sigmoid head, ``y`` ``(N, 1)``) as ``(N,)`` class indices of
+        :meth:`softmax_logits` (1: present); several labels have no softmax form (``ValueError``).
+
+        This is how a binary classifier with one sigmoid logit reaches softmax-only code (pyautoattack's
+        ``autoattack``): the same model seen as 2 classes, decided by the same threshold.
+        """
+        if y.ndim != 2 or y.shape[1] != 1:
+            raise ValueError(f"`y` of MultiLabel must hold one label, shape (N, 1), to be seen as a 2-class softmax "
+                             f"(a single-logit sigmoid head), got shape {tuple(y.shape)}; several independent "
+                             "labels have no softmax form: use `auto` (its multi-label members)")
+        return y[:, 0].long()
+
+    def softmax_logits(self, logits: Tensor) -> Tensor:
+        """One label's logit ``z`` ``(N, 1)`` as the 2-class softmax logits ``[logit(threshold), z]``.
+
+        ``softmax = [1 − σ(z − t), σ(z − t)]`` with ``t = logit(threshold)``: the arg-max is :meth:`predict` (a tie
+        ``z = t`` is class 0, absent, as ``z > t`` is required), the cross-entropy is the BCE of ``z`` measured from
+        the threshold (exactly :meth:`element_loss` at threshold 0.5) and the 2-class margin is
+        :meth:`element_margin`. Several labels are refused (``ValueError``).
+        """
+        if logits.ndim != 2 or logits.shape[1] != 1:
+            raise ValueError(f"a MultiLabel output has a 2-class softmax form only with one label (N, 1), got shape "
+                             f"{tuple(logits.shape)}")
+        return torch.cat((torch.full_like(logits, self._logit_threshold), logits), dim=1)
 
     def distributions(self, logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         p = logits.sigmoid()

@@ -18,22 +18,24 @@ with its image, and every existing call site keeps working. The code channels ar
 * ``"box"``: one channel, the box as a filled mask;
 * ``"class"``: one channel, one voxel set at the flat index equal to the class index.
 
-The code is *not* part of the search set:
+The code is *not* part of the search set, under every norm and budget:
 
-1. **The data box pins it.** :class:`PromptBox` is a :class:`~medadv.threats.Box` whose code channels may only hold
-   the two code values ``lo``/``hi`` (the data range's ends): its ``clip`` — the last operation of every attack's
-   projection (the engine's ``finalize``, APGD, Square, GAP, VAFA, DAG) — snaps each code voxel back to the nearer
-   of the two. A code voxel moved by less than half the data range snaps back to its clean value, so the code of
-   every iterate and of ``x_adv`` is exactly the clean one: L∞ budgets below half the data range (every budget that
-   does not raise :class:`~medadv.threats.LargeBudgetWarning`) cannot change it, and the norms of ``x_adv − x``
-   count image channels only.
-2. **The model does not differentiate it.** :class:`~medadv.models.promptable.Prompted` (the wrapper that turns
+1. **Every attack holds it.** The task declares its code channels (:meth:`PromptableSegmentation.fixed_input_channels`)
+   and :func:`medadv.attacks.base.hold_fixed_channels` keeps them at their clean values: the engine applies it to
+   every start, gradient and projected iterate (an L2 step's length goes to the image channels only), and
+   ``Attack.__call__`` to every attack's ``x_adv``. So the code of ``x_adv`` is the clean one bit for bit, for L∞
+   budgets beyond half the data range and L2 budgets of any size alike, and the norms of ``x_adv − x`` count image
+   channels only. Attacks that transform every channel (VAFA's DCT quantisation, GAP's generator) are refused.
+2. **The data box pins it.** :class:`PromptBox` is a :class:`~medadv.threats.Box` whose code channels may only hold
+   the two code values ``lo``/``hi`` (the data range's ends): its ``clip`` snaps each code voxel to the nearer of the
+   two, so the iterates inside a random-search attack stay valid codes too.
+3. **The model does not differentiate it.** :class:`~medadv.models.promptable.Prompted` (the wrapper that turns
    ``model(image, prompts)`` into ``model(x)``) detaches the code channels and decodes them by thresholding, so the
-   input gradient on them is exactly zero: sign and normalised steps never move them, only a random start or a
-   random search can, and (1) undoes that.
-3. **Nothing is lost silently.** :meth:`PromptBox.check_inside` refuses an ``x`` whose code channels hold other
-   values (every attack checks its input against the box before any work), and the code has a fixed layout
-   (:meth:`PromptableSegmentation.encode` / :meth:`~PromptableSegmentation.decode`).
+   input gradient on them is exactly zero.
+4. **Nothing is lost silently.** :meth:`PromptBox.check_inside` refuses an ``x`` whose code channels hold other
+   values (every attack checks its input against the box before any work), the code has a fixed layout
+   (:meth:`PromptableSegmentation.encode` / :meth:`~PromptableSegmentation.decode`), and ``encode`` writes the box's
+   two values exactly, so its output always passes the box's own check.
 
 Prompts are therefore fixed during a fixed-prompt attack (PGD, APGD, ``auto``, ... on ``x``) and never perturbed;
 the caller's tensors are never written. The prompt-agnostic attack (:mod:`medadv.attacks.prompt_agnostic`) replaces
@@ -47,6 +49,8 @@ one (image, prompt) pair: ``clean_mean_dice``/``adv_mean_dice`` are per-prompt D
 
 from __future__ import annotations
 
+import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +58,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..params import Int
 from ..threats import BoundValue, Box
 from .base import TaskExample, register_task
 from .segmentation import Segmentation
@@ -62,6 +67,8 @@ __all__ = ["PromptableSegmentation", "PromptBox", "Prompts", "PROMPT_KINDS", "co
 
 #: prompt kinds and the number of code channels each takes, in code order
 PROMPT_KINDS: dict[str, int] = {"points": 2, "box": 1, "class": 1}
+#: the largest channel count / voxel distance a parameter may hold (int32: larger than any grid)
+_MAX_COUNT = 2**31 - 1
 
 
 @dataclass
@@ -82,8 +89,22 @@ class Prompts:
 
     @staticmethod
     def from_points(coords: Tensor, labels: Tensor, spatial: Sequence[int]) -> Prompts:
-        """Clicks from coordinates: ``coords (N, P, ndim)`` voxel indices, ``labels (N, P)`` 1 positive, 0 negative,
-        −1 padding (VISTA3D's convention)."""
+        """Clicks from coordinates: ``coords (N, P, ndim)`` integer voxel indices inside the grid ``spatial``,
+        ``labels (N, P)`` 1 positive, 0 negative, −1 padding (VISTA3D's convention). Anything else is refused
+        (a negative index would silently wrap to the far side of the grid)."""
+        spatial = _grid(spatial)
+        coords, labels = _as_index_tensor(coords, "coords"), _as_index_tensor(labels, "labels")
+        if coords.ndim != 3 or coords.shape[2] != len(spatial) or tuple(labels.shape) != tuple(coords.shape[:2]):
+            raise ValueError(f"`coords` must be (N, P, {len(spatial)}) voxel indices and `labels` (N, P), got "
+                             f"{tuple(coords.shape)} and {tuple(labels.shape)}")
+        if not bool(((labels == -1) | (labels == 0) | (labels == 1)).all()):
+            raise ValueError(f"`labels` must hold 1 (positive), 0 (negative) or -1 (padding), got values "
+                             f"{sorted(set(labels.unique().tolist()))}")
+        used = (labels >= 0).unsqueeze(-1)
+        size = torch.tensor(spatial, device=coords.device)
+        if bool((used & ((coords < 0) | (coords >= size))).any()):
+            raise ValueError(f"`coords` must be voxel indices inside the grid {tuple(spatial)} (0 <= index < size), "
+                             f"got values in [{int(coords.min())}, {int(coords.max())}]")
         n = coords.shape[0]
         pos = torch.zeros(n, *spatial, dtype=torch.bool, device=coords.device)
         neg = torch.zeros_like(pos)
@@ -96,16 +117,21 @@ class Prompts:
 
     @staticmethod
     def from_boxes(boxes: Tensor, spatial: Sequence[int]) -> Prompts:
-        """A box per sample: ``boxes (N, 2 ndim)`` as ``(start_0, …, start_{d-1}, stop_0, …)`` voxel indices, stop
-        exclusive."""
+        """A box per sample: ``boxes (N, 2 ndim)`` as ``(start_0, …, start_{d-1}, stop_0, …)`` integer voxel
+        indices, stop exclusive, ``0 <= start < stop <= size`` on every axis (an empty or out-of-grid box is
+        refused, not cropped)."""
+        spatial = _grid(spatial)
         nd = len(spatial)
-        grids = torch.meshgrid(*[torch.arange(s, device=boxes.device) for s in spatial], indexing="ij")
-        mask = torch.ones(boxes.shape[0], *spatial, dtype=torch.bool, device=boxes.device)
-        view = (-1,) + (1,) * nd
-        for d in range(nd):
-            g = grids[d].unsqueeze(0)
-            mask &= (g >= boxes[:, d].reshape(view)) & (g < boxes[:, nd + d].reshape(view))
-        return Prompts(box=mask)
+        boxes = _as_index_tensor(boxes, "boxes")
+        if boxes.ndim != 2 or boxes.shape[1] != 2 * nd:
+            raise ValueError(f"`boxes` must be (N, {2 * nd}) as (start_0, ..., stop_0, ...) voxel indices for a "
+                             f"{nd}-D grid, got shape {tuple(boxes.shape)}")
+        size = torch.tensor(spatial, device=boxes.device)
+        start, stop = boxes[:, :nd], boxes[:, nd:]
+        if bool(((start < 0) | (stop > size) | (start >= stop)).any()):
+            raise ValueError(f"`boxes` must satisfy 0 <= start < stop <= size on every axis of the grid "
+                             f"{tuple(spatial)} (stop exclusive), got {boxes.tolist()[:4]}")
+        return Prompts(box=_box_mask(boxes, spatial))
 
     def point_coords(self) -> tuple[Tensor, Tensor]:
         """``(coords (N, P, ndim) int64, labels (N, P))`` of the clicks, padded with label −1 (one host sync)."""
@@ -246,17 +272,16 @@ class PromptableSegmentation(Segmentation):
     ) -> None:
         super().__init__(2, include_background=include_background, ignore_index=ignore_index, loss=loss,
                          dice_threshold=dice_threshold, target_fraction=target_fraction, squared_pred=squared_pred)
-        if isinstance(image_channels, bool) or int(image_channels) < 1:
-            raise ValueError(f"`image_channels` must be an integer >= 1, got {image_channels!r}")
-        kinds = (prompts,) if isinstance(prompts, str) else tuple(prompts)
-        unknown = [k for k in kinds if k not in PROMPT_KINDS]
-        if not kinds or unknown or len(set(kinds)) != len(kinds):
+        owner = type(self).__name__
+        # strict integers: 2.5 channels or voxels is a mistake, never a silent 2; the upper bound keeps 1e308 (an
+        # integral float) from becoming a 300-digit count that fails later inside torch
+        self.image_channels = Int(low=1, high=_MAX_COUNT).check(image_channels, "image_channels", owner)
+        self.jitter = Int(low=0, high=_MAX_COUNT).check(jitter, "jitter", owner)
+        kinds = (prompts,) if isinstance(prompts, str) else tuple(prompts) if isinstance(prompts, Sequence) else None
+        if kinds is None or not kinds or any(not isinstance(k, str) or k not in PROMPT_KINDS for k in kinds) \
+                or len(set(kinds)) != len(kinds):
             raise ValueError(f"`prompts` must be distinct kinds among {list(PROMPT_KINDS)}, got {prompts!r}")
-        if int(jitter) < 0:
-            raise ValueError(f"`jitter` must be >= 0 voxels, got {jitter}")
-        self.image_channels = int(image_channels)
         self.prompts = tuple(k for k in PROMPT_KINDS if k in kinds)  # code order
-        self.jitter = int(jitter)
 
     # --- the input layout ---------------------------------------------------------------------------------------------
     @property
@@ -282,7 +307,15 @@ class PromptableSegmentation(Segmentation):
                              "prompt code is pinned to the range's two ends")
         return self.box(lo, hi)
 
+    def support_column(self, spatial_dims: int | None = None) -> str:
+        """This kind's own column, which no toolkit's support table has: the toolkits' attacks (ART, Foolbox,
+        torchattacks through the adapters) perturb every input channel, prompt code included (even a small
+        torchattacks PGD leaves code voxels between the two code values), so the adapters refuse them before any
+        work and point to medadv's attacks, which hold the code."""
+        return self.name
+
     def fixed_input_channels(self) -> int:
+        """The code channels: no attack may move them (:func:`medadv.attacks.base.hold_fixed_channels`)."""
         return self.code_channels
 
     def image(self, x: Tensor) -> Tensor:
@@ -290,34 +323,58 @@ class PromptableSegmentation(Segmentation):
         return x[:, :self.image_channels]
 
     def encode(self, image: Tensor, prompts: Prompts, box: Box) -> Tensor:
-        """``x = [image | code]`` (a new tensor) for ``image (N, C_image, *spatial)`` and ``prompts``; every kind of
-        :attr:`prompts` must be given (``"points"``: at least one of positive/negative)."""
-        if image.ndim < 3 or image.shape[1] != self.image_channels:
-            raise ValueError(f"`image` must be (N, {self.image_channels}, *spatial), got {tuple(image.shape)}")
-        n, spatial = image.shape[0], image.shape[2:]
+        """``x = [image | code]`` (a new tensor) for ``image (N, C_image, *spatial)`` (floating point, data units)
+        and ``prompts``; every kind of :attr:`prompts` must be given (``"points"``: at least one of
+        positive/negative). Maps must be binary (bool, or 0/1 numbers) on the image grid; class indices integers in
+        ``[0, voxels)``. Anything else is refused (``ValueError``/``TypeError``), never rounded or reshaped.
+
+        The code voxels are exactly ``box``'s two code values in ``image``'s dtype (:func:`code_range`), so the
+        result always passes ``box.check_inside`` whatever decimals the box has (an affine map
+        ``m * (hi - lo) + lo`` rounds: ``0.1 + 1 * 0.6`` is ``0.70000005`` in float32, outside a box ending at 0.7).
+        """
+        return self._encode(image, prompts, box, trusted=False)
+
+    def _encode(self, image: Tensor, prompts: Prompts, box: Box, *, trusted: bool) -> Tensor:
+        """:meth:`encode`; ``trusted``: the class indices were made here (:meth:`draw_prompts`, in an attack's step
+        loop), so their range check, one host sync, is skipped."""
+        if not isinstance(image, Tensor):
+            raise TypeError(f"`image` must be a torch.Tensor (N, {self.image_channels}, *spatial), got "
+                            f"{type(image).__name__}")
+        if not image.is_floating_point():
+            raise TypeError(f"`image` must be a floating-point tensor (data units), got dtype {image.dtype}: the "
+                            "prompt code's values would be rounded to integers")
+        if image.ndim not in (4, 5) or image.shape[1] != self.image_channels:
+            raise ValueError(f"`image` must be (N, {self.image_channels}, *spatial) with 2 or 3 spatial dims, got "
+                             f"{tuple(image.shape)}")
+        if not isinstance(prompts, Prompts):
+            raise TypeError(f"`prompts` must be a medadv Prompts (Prompts.from_points / from_boxes), got "
+                            f"{type(prompts).__name__}")
+        n, spatial = image.shape[0], tuple(image.shape[2:])
         maps: list[Tensor] = []
         for k in self.prompts:
             if k == "points":
                 if prompts.positive is None and prompts.negative is None:
                     raise ValueError("this task's prompts include points: give `positive` and/or `negative` clicks")
                 empty = torch.zeros(n, *spatial, dtype=torch.bool, device=image.device)
-                maps += [empty if m is None else m.to(image.device, torch.bool) for m in (prompts.positive, prompts.negative)]
+                maps += [empty if m is None else _binary_map(m, f"prompts.{name}", n, spatial, image.device)
+                         for m, name in ((prompts.positive, "positive"), (prompts.negative, "negative"))]
             elif k == "box":
                 if prompts.box is None:
                     raise ValueError("this task's prompts include a box: give `box` (Prompts.from_boxes)")
-                maps.append(prompts.box.to(image.device, torch.bool))
+                maps.append(_binary_map(prompts.box, "prompts.box", n, spatial, image.device))
             else:
                 if prompts.classes is None:
                     raise ValueError("this task's prompts include a class index: give `classes`")
-                cls = prompts.classes.to(image.device).long().reshape(n)
-                flat = torch.zeros(n, int(torch.tensor(spatial).prod()), dtype=torch.bool, device=image.device)
+                voxels = math.prod(spatial)
+                cls = _class_indices(prompts.classes, n, voxels, check=not trusted).to(image.device)
+                flat = torch.zeros(n, voxels, dtype=torch.bool, device=image.device)
                 maps.append(flat.scatter(1, cls.unsqueeze(1), True).reshape(n, *spatial))
-        for m in maps:
-            if tuple(m.shape) != (n, *spatial):
-                raise ValueError(f"prompt maps must have shape {(n, *spatial)}, got {tuple(m.shape)}")
-        code = torch.stack(maps, dim=1).to(image.dtype)
+        code = torch.stack(maps, dim=1)
         lo, hi = code_range(box)
-        code = code * (hi - lo) + lo
+        # torch.where over the two constants, not arithmetic: each code voxel is bit-for-bit the value the box
+        # compares it with (see the docstring)
+        code = torch.where(code, torch.full_like(code, hi, dtype=image.dtype),
+                           torch.full_like(code, lo, dtype=image.dtype))
         return torch.cat([image, code], dim=1)
 
     def decode(self, x: Tensor, box: Box) -> Prompts:
@@ -366,7 +423,7 @@ class PromptableSegmentation(Segmentation):
         if "class" in self.prompts:
             assert own.classes is not None
             prompts.classes = own.classes.repeat(k)
-        return self.encode(xr[:, :self.image_channels], prompts, box)
+        return self._encode(xr[:, :self.image_channels], prompts, box, trusted=True)
 
     def _jittered_boxes(self, fg: Tensor, k: int, generator: torch.Generator | None) -> Tensor:
         n, spatial = fg.shape[0], fg.shape[1:]
@@ -389,9 +446,7 @@ class PromptableSegmentation(Segmentation):
         b = torch.minimum(b.clamp_min(0), size)
         b[:, nd:] = torch.maximum(b[:, nd:], b[:, :nd] + 1).clamp(max=size[:nd])
         b[:, :nd] = torch.minimum(b[:, :nd], b[:, nd:] - 1)
-        out = Prompts.from_boxes(b, spatial).box
-        assert out is not None
-        return out
+        return _box_mask(b, spatial)  # valid by construction: no checks (no host sync in an attack's step loop)
 
     @classmethod
     def config_schema(cls) -> type:
@@ -431,3 +486,72 @@ def _blank(task: PromptableSegmentation, image: Tensor) -> Prompts:
     n, spatial = image.shape[0], image.shape[2:]
     z = torch.zeros(n, *spatial, dtype=torch.bool, device=image.device)
     return Prompts(positive=z, negative=z, box=z, classes=torch.ones(n, dtype=torch.long, device=image.device))
+
+
+def _grid(spatial: Sequence[int]) -> tuple[int, ...]:
+    """The grid ``spatial`` as positive ints (2 or 3 axes)."""
+    try:
+        out = tuple(operator.index(s) for s in spatial)
+    except TypeError:
+        raise TypeError(f"`spatial` must be the grid size as 2 or 3 integers, got {spatial!r}") from None
+    if len(out) not in (2, 3) or min(out) < 1:
+        raise ValueError(f"`spatial` must be the grid size as 2 or 3 integers >= 1, got {spatial!r}")
+    return out
+
+
+def _as_index_tensor(value: Any, name: str) -> Tensor:
+    """``value`` as an int64 tensor of voxel indices / labels; floats only when integral (never truncated)."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"`{name}` must be a torch.Tensor of integers, got {type(value).__name__}")
+    if value.dtype == torch.bool or value.is_complex():
+        raise TypeError(f"`{name}` must hold integers, got dtype {value.dtype}")
+    if value.is_floating_point():
+        if not bool((torch.isfinite(value) & (value == value.round())).all()):
+            raise ValueError(f"`{name}` must hold integers, got non-integral or non-finite values")
+        if value.numel() and float(value.abs().max()) >= 2.0 ** 53:
+            raise ValueError(f"`{name}` holds values beyond 2**53 that no grid has")
+    return value.long()
+
+
+def _binary_map(m: Any, name: str, n: int, spatial: tuple[int, ...], device: torch.device) -> Tensor:
+    """A prompt map as bool on ``device``: bool, or numbers that are all 0 or 1 (anything else is refused, not
+    thresholded); shape ``(n, *spatial)``. A bool map costs no host sync (:meth:`draw_prompts` runs per step)."""
+    if not isinstance(m, Tensor):
+        raise TypeError(f"`{name}` must be a torch.Tensor (N, *spatial) of bool, got {type(m).__name__}")
+    if tuple(m.shape) != (n, *spatial):
+        raise ValueError(f"`{name}` must have shape {(n, *spatial)} (the image's batch and grid), got "
+                         f"{tuple(m.shape)}")
+    if m.dtype != torch.bool:
+        if m.is_complex() or not bool(((m == 0) | (m == 1)).all()):
+            raise ValueError(f"`{name}` must be a binary map (bool, or only 0 and 1), got dtype {m.dtype} with other "
+                             "values")
+    return m.to(device, torch.bool)
+
+
+def _class_indices(classes: Any, n: int, voxels: int, *, check: bool = True) -> Tensor:
+    """``classes`` as ``(n,)`` int64 class indices in ``[0, voxels)`` (the code marks voxel ``classes[i]``)."""
+    if not isinstance(classes, Tensor):
+        raise TypeError(f"`prompts.classes` must be a torch.Tensor (N,) of class indices, got "
+                        f"{type(classes).__name__}")
+    if classes.numel() != n or classes.ndim > 1 and classes.shape[0] != n:
+        raise ValueError(f"`prompts.classes` must hold one class index per sample ({n}), got shape "
+                         f"{tuple(classes.shape)}")
+    if not check:
+        return classes.reshape(n).long()
+    idx = _as_index_tensor(classes, "prompts.classes").reshape(n)
+    if n and (int(idx.min()) < 0 or int(idx.max()) >= voxels):
+        raise ValueError(f"`prompts.classes` must be class indices in [0, {voxels}) (the code marks one voxel of the "
+                         f"{voxels}-voxel grid), got values in [{int(idx.min())}, {int(idx.max())}]")
+    return idx
+
+
+def _box_mask(boxes: Tensor, spatial: Sequence[int]) -> Tensor:
+    """``(N, *spatial)`` bool filled boxes for ``boxes (N, 2 ndim)`` (start..., stop...; stop exclusive)."""
+    nd = len(spatial)
+    grids = torch.meshgrid(*[torch.arange(s, device=boxes.device) for s in spatial], indexing="ij")
+    mask = torch.ones(boxes.shape[0], *spatial, dtype=torch.bool, device=boxes.device)
+    view = (-1,) + (1,) * nd
+    for d in range(nd):
+        g = grids[d].unsqueeze(0)
+        mask &= (g >= boxes[:, d].reshape(view)) & (g < boxes[:, nd + d].reshape(view))
+    return mask

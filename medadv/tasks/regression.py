@@ -145,9 +145,10 @@ class Regression(Task):
     def tolerances(self, y: Tensor, like: Tensor | None = None) -> Tensor:
         """The tolerance τ per output (target units): ``tolerance``, or ``tolerance · |y|`` when relative."""
         dtype = like.dtype if like is not None else (y.dtype if y.is_floating_point() else torch.float32)
+        tol = min(self.tolerance, torch.finfo(dtype).max)  # e.g. 1e308 in fp32: its max, not inf (inf * 0 is NaN)
         if self.relative:
-            return (self.tolerance * y.to(dtype).abs()).clamp_min(_TINY)
-        return torch.full_like(y, self.tolerance, dtype=dtype)
+            return (tol * y.to(dtype).abs()).clamp_min(_TINY)
+        return torch.full_like(y, tol, dtype=dtype)
 
     def element_loss(self, logits: Tensor, y: Tensor) -> Tensor:
         t = y.to(logits.dtype)

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..params import Int, Optional, Real
 from .base import (
     Outcome,
     Task,
@@ -25,6 +26,10 @@ from .classification import _index_labels
 __all__ = ["Segmentation"]
 
 
+#: the most classes a segmentation task takes (a label map holds int64 values; one-hot maps need far fewer)
+_MAX_CLASSES = 2**31 - 1
+
+
 @register_task("segmentation")
 class Segmentation(Task):
     """Dense segmentation, 2-D ``(N, C, H, W)`` or 3-D ``(N, C, D, H, W)`` logits.
@@ -38,6 +43,9 @@ class Segmentation(Task):
         target_fraction: targeted ``fooled`` — at least this fraction of valid voxels at the target.
         squared_pred: square the probabilities and targets in the Dice denominator (MONAI's
             ``squared_pred``; Hanif et al.'s and Malik et al.'s VAFA code use it with ``loss="dicece"``).
+        outputs: what the model returns: ``"probabilities"`` (a softmax over the class axis, as deepbet's
+            ``(N, 2, D, H, W)``; read as ``log p``, see :meth:`~medadv.tasks.Task.logits_from_outputs`), ``"logits"``,
+            or ``None``: logits, and softmax outputs are refused (:attr:`~medadv.tasks.Task.outputs`).
     """
 
     name = "segmentation"
@@ -55,7 +63,10 @@ class Segmentation(Task):
     selection_metrics: ClassVar[Mapping[str, str]] = {"dice": "mean_dice", "accuracy": "pixel_accuracy",
                                                        "miou": "miou"}
     auto_members = ("apgd-ce", "apgd-balanced-ce", "apgd-js", "apgd-cospgd", "apgd-segpgd", "square", "apgd-margin",
-                    "apgd-masked-ce", "apgd-masked-balanced-ce")
+                    "apgd-masked-ce", "apgd-masked-balanced-ce",
+                    # the clinical endpoint (medadv.attacks.losses.VolumeObjective): APGD shrinking or growing class
+                    # 1's soft volume; `version="custom"` only (auto still keeps the worst case by its metric)
+                    "apgd-volume-shrink", "apgd-volume-grow")
     auto_versions: ClassVar[Mapping[str, Mapping[str, Any]]] = {
         # selection "worst-of": the mean of Dice, pixel accuracy and mIoU, each metric's worst case recorded; at or
         # below SEA on all three on the 2-D UNets of benchmarks/auto.md, where Dice alone lost on pixel accuracy
@@ -74,7 +85,14 @@ class Segmentation(Task):
         dice_threshold: float = 0.5,
         target_fraction: float = 0.99,
         squared_pred: bool = False,
+        outputs: str | None = None,
     ) -> None:
+        super().__init__(outputs=outputs)
+        owner = type(self).__name__  # type and finiteness first (2.5 classes, True, NaN, 1e308 are refused, not cast)
+        num_classes = Int(high=_MAX_CLASSES).check(num_classes, "num_classes", owner)
+        ignore_index = Optional(Int(low=-(2**63), high=2**63 - 1)).check(ignore_index, "ignore_index", owner)
+        dice_threshold = Real().check(dice_threshold, "dice_threshold", owner)
+        target_fraction = Real().check(target_fraction, "target_fraction", owner)
         if int(num_classes) < 2:
             raise ValueError(f"`num_classes` must be >= 2, got {num_classes}")
         if loss not in ("ce", "dice", "dicece"):
@@ -322,8 +340,58 @@ class Segmentation(Task):
         # among valid voxels (ignore_index voxels do not count)
         changed_fraction = self.reduce((clean.pred != adv.pred).float(), y)
         dice_to_clean = self.dice_to_clean(clean.pred, adv.pred, y)
-        return {"changed": dice_to_clean < self.dice_threshold, **self._paired_columns(clean, adv),
+        cols = {"changed": dice_to_clean < self.dice_threshold, **self._paired_columns(clean, adv),
                 "changed_fraction": changed_fraction, "dice_to_clean": dice_to_clean}
+        for which, outcome in (("clean", clean), ("adv", adv)):
+            missed, absent = self.missed_absent(outcome.pred, y)
+            cols[f"{which}_missed"], cols[f"{which}_absent"] = missed, absent
+        return cols
+
+    # --- clinical endpoints: volumes (medadv.metrics.volume) ------------------------------------------------------
+    def volume_columns(self, y: Tensor, clean: Outcome, adv: Outcome, spacing: Any) -> dict[str, Tensor]:
+        """Per-class volumes in ml of one attacked batch, ``(N, C)`` each, as device tensors (no host sync).
+
+        ``ref_volume_ml`` (the label map ``y``, valid voxels only), ``clean_volume_ml`` and ``adv_volume_ml``
+        (the predictions, every voxel: the model's clinical output), ``volume_change_ml`` (attacked − clean) and
+        ``volume_change_pct`` (its % of the clean volume; NaN where the clean prediction has none of the class).
+        A volume is ``count × prod(spacing) / 1000`` with ``spacing`` in mm (one number, one per axis, or one row
+        per case as :func:`medadv.evaluation.evaluate` reads from image headers). For brain extraction the brain
+        class's volume is the total intracranial volume (TIV).
+
+        Only 3-D label maps with a known spacing have volumes in ml: ``spacing=None`` or a 2-D map returns ``{}``
+        (a voxel count with no physical size, or an area, would be a different quantity under the same name).
+        """
+        if spacing is None or y.ndim != 4:
+            return {}
+        from ..metrics.volume import _volumes, volume_change
+
+        ref = _volumes(self.safe_labels(y), self.num_classes, spacing, self.valid_mask(y))
+        vc = _volumes(clean.pred, self.num_classes, spacing)
+        va = _volumes(adv.pred, self.num_classes, spacing)
+        change_ml, change_pct = volume_change(vc, va)
+        return {"ref_volume_ml": ref, "clean_volume_ml": vc, "adv_volume_ml": va,
+                "volume_change_ml": change_ml, "volume_change_pct": change_pct}
+
+    def soft_volume(self, logits: Tensor, voxel_ml: float | Tensor = 1.0) -> Tensor:
+        """Differentiable per-class volume ``(N, C)``: the softmax probability of each class summed over the voxels,
+        times ``voxel_ml`` (the voxel volume in ml, one number or ``(N,)``; 1.0 gives voxels). The endpoint the
+        APGD/PGD ``volume`` loss moves (:func:`medadv.metrics.volume.soft_volumes`); ``ignore_index`` is not read
+        (the prediction covers every voxel)."""
+        from ..metrics.volume import soft_volumes
+
+        return soft_volumes(logits.softmax(dim=1), voxel_ml)
+
+    def missed_absent(self, pred: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """Per sample and class ``(N, C)`` bool: *missed* — the class is in the reference ``y`` and nowhere in the
+        prediction; *absent* — in neither (among valid voxels).
+
+        Surface distances (HD95) are undefined in both cases and a mean over the cases leaves them out, so a
+        structure missed in every case would vanish from an HD95 mean; these columns count them instead (the
+        report shows them beside HD95). The remaining undefined case is a class predicted but not in ``y``.
+        """
+        conf = self.confusion(pred, y)
+        in_ref, in_pred = conf.sum(dim=2) > 0, conf.sum(dim=1) > 0
+        return in_ref & ~in_pred, ~in_ref & ~in_pred
 
     def dice_to_clean(self, clean_pred: Tensor, adv_pred: Tensor, y: Tensor) -> Tensor:
         """``(N,)`` mean Dice of the adversarial prediction against the clean prediction (1: unchanged), over the
@@ -400,5 +468,6 @@ class Segmentation(Task):
         return (
             f"Segmentation(num_classes={self.num_classes}, include_background={self.include_background}, "
             f"ignore_index={self.ignore_index}, loss={self.loss_name!r}"
-            + (", squared_pred=True" if self.squared_pred else "") + ")"
+            + (", squared_pred=True" if self.squared_pred else "")
+            + (f", outputs={self.outputs!r}" if self.outputs_declared else "") + ")"
         )

@@ -440,7 +440,13 @@ def check_norm(case: AttackCase, device: torch.device | str | None = None, cache
         model = prepare_model(case.model()).to(dev)
         x, y = case.data()
         x, y = (HU_LO + HU_WIDTH * x).to(dev), y.to(dev)
-        res = attack(model, x, y)
+        with count_forwards(model) as calls:
+            try:
+                res = attack(model, x, y)
+            except (ValueError, TypeError) as e:
+                if len(calls) <= 1 and str(e).strip():  # refused before any work (autoattack: several labels)
+                    return
+                raise
         if not torch.isfinite(res.x_adv).all():
             raise _Fail("x_adv holds NaN/Inf on HU-range data")
         _inside(threat, x, res)
@@ -682,10 +688,14 @@ def _param_fingerprint(case: AttackCase, p: str, all_settings: Sequence[Setting]
     for q, cq in declared.items():
         if q == p or q not in base.param_names():
             continue
-        for w in [base.get_params()[q], *candidates(cq, base.get_params()[q], limit=4, sample=sample)]:
+        # on this case's setting, then on the others (APGD's volume_target needs loss='volume' and a segmentation)
+        heres = [case, *(AttackCase(case.cls, s, params=case.params) for s in all_settings
+                         if admits(case.cls, s) and s.key != case.setting.key)]
+        for w, here in ((w, h) for w in [base.get_params()[q], *candidates(cq, base.get_params()[q], limit=4,
+                                                                          sample=sample)] for h in heres):
             built = []
             for v in [current, *values]:
-                other = _try_build(case, **{p: v, q: w})
+                other = _try_build(here, **{p: v, q: w})
                 if not isinstance(other, Exception):
                     built.append((v, other))
                 if len(built) == 2:

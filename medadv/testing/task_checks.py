@@ -268,6 +268,8 @@ def task_config(task: Task) -> dict[str, Any]:
     for p in inspect.signature(cls.__init__).parameters.values():
         if p.name == "self" or p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
             continue
+        if p.name == "outputs" and not task.outputs_declared:
+            continue  # the base Task's option, left undeclared: the config leaves it out too (checked outputs)
         for attr in (p.name, f"{p.name}_name", f"_{p.name}"):
             v = getattr(task, attr, inspect.Parameter.empty)
             if v is not inspect.Parameter.empty and not callable(v):

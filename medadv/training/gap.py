@@ -64,7 +64,8 @@ class GAPTrainer(Fitter):
         optimizer = torch.optim.Adam(attack.generator.parameters(), lr=lr, betas=betas)
         super().__init__(attack.generator, optimizer, epochs=epochs, batch_size=batch_size, seed=seed,
                          checkpoint=checkpoint, progress=progress, max_batches=max_batches)
-        self.attack, self.model, self.target = attack, model, target
+        # `outputs: probabilities` declared on the attack's task: the objective reads their logits
+        self.attack, self.model, self.target = attack, attack.task.logits_model(model), target
         self._val: tuple[Tensor, Tensor | None] | None = None
         self._best_state: dict[str, Tensor] | None = None
         self._best_fr = -1.0

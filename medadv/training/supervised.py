@@ -29,7 +29,7 @@ class SupervisedFitter(Fitter):
 
     def batch_loss(self, x: Tensor, y: Tensor | None, generator: torch.Generator) -> Tensor:
         assert y is not None
-        logits = self.model(x)
+        logits = self.task.forward(self.model, x)  # `outputs: probabilities`: the loss reads their logits
         return self.task.loss(logits, self.task.to_target(y, logits)).mean()
 
 

@@ -252,11 +252,13 @@ def _gen_attack(c: Case) -> Run:
 
 
 def _noise(cls: type, c: Case) -> Run:
-    """Noise as large as the data range: what it takes a random direction to fool these models."""
+    """Noise as large as the data range: what it takes a random direction to fool these models. Such a budget is
+    refused as a unit mistake unless the TaskModel allows it (``allow_large_budgets=True``), as here."""
     kw = {"repeats": 3} if "Repeated" in cls.__name__ else {}
+    fmodel = mfb.TaskModel(c.model, c.task, bounds=(c.lo, c.hi), allow_large_budgets=True)
     if cls.__name__.startswith("Linf"):
-        return Run(cls(**kw), c.span, INF)
-    return Run(cls(**kw), c.span * c.size ** 0.5, 2.0)
+        return Run(cls(**kw), c.span, INF, fmodel=fmodel)
+    return Run(cls(**kw), c.span * c.size ** 0.5, 2.0, fmodel=fmodel)
 
 
 def _pointwise(c: Case) -> Run:

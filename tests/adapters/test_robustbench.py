@@ -12,7 +12,7 @@ from medadv.attacks.base import get_attack
 from medadv.attacks.fgsm import FGSM
 from medadv.attacks.pgd import PGD
 from medadv.models.io import CheckpointError
-from medadv.tasks import MultiClass, MultiLabel
+from medadv.tasks import MultiClass, MultiLabel, Segmentation
 from medadv.threats import L2, Linf
 
 ZOO = "Ding2020MMA"  # WRN-28-4 (5.8 M parameters), small enough for a test
@@ -98,7 +98,10 @@ def test_autoattack_in_hounsfield_units_l2(trained_multiclass, hu):
 
 def test_autoattack_rejects_what_it_cannot_do(trained_multiclass):
     with pytest.raises(TypeError, match="MultiClass"):
-        AutoAttack(MultiLabel(), Linf(0.1, bounds=(0.0, 1.0)))
+        AutoAttack(Segmentation(3), Linf(0.1, bounds=(0.0, 1.0)))
+    with pytest.raises(ValueError, match="one label"):  # a single-logit head only (issue 28)
+        AutoAttack(MultiLabel(), Linf(0.1, bounds=(0.0, 1.0)))(trained_multiclass.model, trained_multiclass.x[:2],
+                                                               torch.zeros(2, 4))
     with pytest.raises(ValueError, match="bounds"):
         AutoAttack(MultiClass(), Linf(0.1, bounds=None))
     with pytest.raises(ValueError, match="untargeted"):
@@ -138,11 +141,12 @@ def test_autoattack_leaves_the_global_rng_alone(trained_multiclass):
     assert torch.equal(atk(t.model, t.x[:8], t.y[:8]).x_adv, first.x_adv)
 
 
-def test_autoattack_refuses_members_that_need_more_classes():
+def test_autoattack_runs_every_member_on_2_classes():
+    # issue 28: APGD-T takes the targeted CE on 2 classes (was refused: "apgd-t need(s) at least 4 classes")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(16, 2)).eval()
-    with pytest.raises(ValueError, match=r"apgd-t need\(s\) at least 4 classes .* has 2\. Use version='custom'"):
-        AutoAttack(MultiClass(), Linf(1e-4, bounds=(0.0, 1.0)))(model, torch.rand(3, 1, 4, 4))
+    res = AutoAttack(MultiClass(), Linf(1e-4, bounds=(0.0, 1.0)))(model, torch.rand(3, 1, 4, 4))
+    assert res.linf.max() <= 1e-4 + 1e-7
     res = AutoAttack(MultiClass(), Linf(1e-4, bounds=(0.0, 1.0)), version="custom",
                      attacks=["apgd-ce", "fab", "square"])(model, torch.rand(3, 1, 4, 4))
     assert res.linf.max() <= 1e-4 + 1e-7

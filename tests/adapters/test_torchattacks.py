@@ -332,3 +332,60 @@ def test_lgv_runs_and_its_trainloader_must_be_in_the_wrappers_form(trained_multi
         clean = t.task.metrics(model(x[:8]), t.y[:8])["label_accuracy"].mean()
         adv = t.task.metrics(model(x_adv), t.y[:8])["label_accuracy"].mean()
     assert adv < clean - 0.15
+
+
+def test_what_margin_view_attacks_report_as_success_is_the_tasks_fooled_test(trained_multilabel, trained_seg2d):
+    """Issue 28, item 8: DeepFool stops and CW keeps an iterate when *they* see success on the margin view; those
+    results must pass the task's own test. Before, DeepFool (no overshoot) stopped on the multi-label boundary
+    (4 of 16 samples not fooled by the task's test) and CW kept soft-Dice "successes" whose hard Dice was still
+    above the threshold."""
+    t = trained_multilabel
+    x, y = t.x[:16], t.y[:16]
+    w = TorchattacksModel(t.model, t.task, bounds=(0.0, 1.0))
+    x_adv = w.attack(torchattacks.DeepFool(w, steps=20, overshoot=0.0), x, y)
+    with torch.no_grad():
+        assert t.task.fooled(t.model(x_adv), y).all()  # DeepFool returned each sample when it saw it fooled
+    s = trained_seg2d
+    x, y = s.x[:8], s.y[:8]
+    w = TorchattacksModel(s.model, s.task, bounds=(0.0, 1.0))
+    x_adv = w.attack(torchattacks.CW(w, c=300.0, steps=30, lr=0.05), x, y)
+    changed = (x_adv != x).reshape(8, -1).any(1)  # CW returns the clean image unless it saw success
+    with torch.no_grad():
+        fooled = s.task.fooled(s.model(x_adv), y)
+    assert changed.sum() >= 6 and bool((fooled | ~changed).all()), (changed, fooled)
+
+
+def test_attack_result_gives_the_success_flag_torchattacks_does_not(trained_multilabel, trained_seg2d):
+    """CW and Square return the clean image where they fail and no flag: ``attack_result`` says which failed, by
+    the task's own test on the returned batch (untargeted and targeted)."""
+    s = trained_seg2d
+    x, y = s.x[:4], s.y[:4]
+    w = TorchattacksModel(s.model, s.task, bounds=(0.0, 1.0))
+    for atk in (torchattacks.CW(w), torchattacks.Square(w, n_queries=20), torchattacks.CW(w, c=300.0, steps=30, lr=0.1)):
+        r = w.attack_result(atk, x, y)
+        with torch.no_grad():
+            truth = s.task.fooled(s.model(r.x_adv), y)
+        assert torch.equal(r.fooled, truth) and r.fooled.dtype == torch.bool and r.fooled.shape == (4,)
+        assert torch.equal(r.y, y) and torch.allclose(r.linf, (r.x_adv - x).flatten(1).abs().amax(1))
+        changed = (r.x_adv != x).reshape(4, -1).any(1)
+        assert bool((r.fooled | ~changed).all())  # what came back perturbed is a success
+        if type(atk).__name__ == "CW" and atk.c == 1:
+            assert not r.fooled.any() and not changed.any()  # default c: the clean image, now flagged as a failure
+    assert r.fooled.sum() >= 3  # CW with c=300 succeeds
+    t = trained_multilabel
+    w = TorchattacksModel(t.model, t.task, bounds=(0.0, 1.0))
+    cw = torchattacks.CW(w, c=20.0, steps=40, lr=0.05)
+    cw.set_mode_targeted_by_label(quiet=True)
+    target = t.y[:4].clone()
+    target[:, 0] = 1 - target[:, 0]
+    r = w.attack_result(cw, t.x[:4], target)
+    with torch.no_grad():
+        assert torch.equal(r.fooled, t.task.fooled(t.model(r.x_adv), target, targeted=True))
+    assert r.fooled.sum() >= 3 and torch.equal(r.y, target)
+    # the targets torchattacks draws itself cannot be tested: refused, not a wrong flag
+    m = TorchattacksModel(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(256, 4)).eval(), MultiClass(),
+                          bounds=(0.0, 1.0))
+    fab = torchattacks.FAB(m, steps=2, n_classes=4, multi_targeted=False)
+    fab.set_mode_targeted_random(quiet=True)
+    with pytest.raises(UnsupportedAttackError, match=r"^torchattacks FAB draws its targets inside torchattacks"):
+        m.attack_result(fab, t.x[:2], torch.tensor([0, 1]))

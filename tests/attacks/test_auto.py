@@ -195,7 +195,8 @@ def test_masking_flags_fire_on_masked_models_and_not_on_the_sound_one(trained_mu
     quantised = flags(_Quantised(t.model))
     # APGD sees no gradient, Square still breaks samples: both the zero-gradient and the black-box flag
     assert {"zero_gradients", "black_box_wins"} <= quantised
-    assert "probability_outputs" in flags(_Sigmoid(t.model))
+    with pytest.raises(ValueError, match="declare `outputs: probabilities`"):  # issue 28: refused, not only flagged
+        flags(_Sigmoid(t.model))
 
 
 def test_pytest_plugin_measures_auto(trained_multilabel, tmp_path):

@@ -99,7 +99,9 @@ def test_attack_stays_in_ball_and_bounds(c):
     scale = 1.0 if c["lo"] is None else float(torch.as_tensor(c["hi"] - c["lo"]).max())
     shift = 0.0 if c["lo"] is None else float(torch.as_tensor(c["lo"]).min())
     model = _Net(c["ndim"], c["channels"], out, c["kind"] == "segmentation", scale, shift).eval()
-    task = {"multiclass": MultiClass(), "multilabel": MultiLabel(), "segmentation": Segmentation(3)}[c["kind"]]
+    # random nets' few logits may all fall in [0, 1]: declared logits, not refused as sigmoid outputs (issue 28)
+    task = {"multiclass": MultiClass(), "multilabel": MultiLabel(outputs="logits"),
+            "segmentation": Segmentation(3)}[c["kind"]]
     with torch.no_grad():
         y = _labels(c, model(x), gen)
     bounds = None if c["lo"] is None else (c["lo"], c["hi"])

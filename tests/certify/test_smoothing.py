@@ -103,7 +103,8 @@ def test_parameters_are_declared_and_bad_ones_refused_by_name():
     rs = RandomizedSmoothing(MultiClass(), 0.25, n0=10.0, n=100)
     assert rs.n0 == 10 and isinstance(rs.n0, int)
     assert rs.get_params() == {"sigma": 0.25, "n0": 10, "n": 100, "alpha": 0.001, "batch_size": 256,
-                               "correction": "bonferroni", "tau": None, "seed": 0}
+                               "correction": "bonferroni", "tau": None, "seed": 0, "bounds": None,
+                               "allow_large_budgets": False}
     assert rs.fingerprint() == RandomizedSmoothing(MultiClass(), 0.25, n0=10, n=100).fingerprint()
     assert rs.fingerprint() != rs.set_params(sigma=0.5).fingerprint()
     assert rs.fingerprint() != RandomizedSmoothing(MultiLabel(), 0.25, n0=10, n=100).fingerprint()

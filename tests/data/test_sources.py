@@ -115,8 +115,10 @@ def test_dicom_series_folders_read_in_hounsfield_units_with_their_spacing(tmp_pa
     _dicom_series(tmp_path / "ct" / "patient1", vol)
     lab = np.zeros((10, 12, 5), np.uint8)  # MONAI's (x, y, z) order of the series
     lab[2:5, 3:7, 1:3] = 1
-    nib.save(nib.Nifti1Image(lab, np.diag([0.8, 0.7, 2.5, 1.0])), tmp_path / "patient1_label.nii.gz")
-    spec = {"source": "files", "images": ["ct/patient1"], "labels": ["patient1_label.nii.gz"]}
+    # the label on the series' grid: MONAI's RAS affine of the series (LPS x and y flipped)
+    nib.save(nib.Nifti1Image(lab, np.diag([-0.8, -0.7, 2.5, 1.0])), tmp_path / "patient1_label.nii.gz")
+    spec = {"source": "files", "images": ["ct/patient1"], "labels": ["patient1_label.nii.gz"],
+            "pair": {"label": "{id}_label"}}
     (b,) = build_loader(spec, str(tmp_path), batch_size=1, task=Segmentation(2))
     assert b["case_id"] == ["patient1"] and b["image"].shape == (1, 1, 10, 12, 5)
     assert float(b["image"].min()) == float(vol.min() - 1024) and float(b["image"].max()) == float(vol.max() - 1024)
@@ -226,7 +228,7 @@ def test_missing_and_mismatched_files_are_one_line(tmp_path):
         check_data({**FILES, "images": "imgs/*.nii.gz"}, str(tmp_path), seg)
     with pytest.raises(FileNotFoundError, match=r"^`data.images`: file not found: .*case9.nii.gz \('images/case9"):
         check_data({**FILES, "images": ["images/case9.nii.gz"]}, str(tmp_path), seg)
-    with pytest.raises(ConfigError, match=r"^`data.labels`: 1 label file\(s\) for 2 image\(s\)"):
+    with pytest.raises(ConfigError, match=r"^`data.labels`: 1 image\(s\) without a label \(images/case1.nii.gz\)"):
         check_data({**FILES, "labels": ["labels/case0.nii.gz"]}, str(tmp_path), seg)
     with pytest.raises(ConfigError, match="the cases have no labels"):
         check_data({"source": "files", "images": "images/*"}, str(tmp_path), seg)
@@ -258,7 +260,7 @@ def test_unreadable_files_and_unequal_sizes_name_the_case(tmp_path):
         list(build_loader(FILES, str(tmp_path), batch_size=3, task=Segmentation(3)))
     assert len(list(build_loader(FILES, str(tmp_path), batch_size=1, task=Segmentation(3)))) == 3
     (tmp_path / "images" / "case1.nii.gz").write_bytes(b"not a nifti file")
-    with pytest.raises(DataError, match=r"^case case1.nii.gz \(.*case1.nii.gz\): \w+"):
+    with pytest.raises(DataError, match=r"^case case1.nii.gz \(.*case1.nii.gz\): not a readable .nii.gz file \(\w+"):
         list(build_loader(FILES, str(tmp_path), batch_size=1, task=Segmentation(3)))
 
 

@@ -121,8 +121,11 @@ def test_summary_and_findings_use_the_results_numbers(seg3d_results):
         assert row["change"] == f"{s['adv_mean_dice'] - s['clean_mean_dice']:.3f}"
         assert row["n"] == "4"
     text = render_html_report(seg3d_results)
-    worst = min(summary.values(), key=lambda r: r["adv_mean_dice"])
-    assert f"Strongest attack: <b>{worst['attack'].split('@')[0]} ε={fmt_budget(worst['budget'])}</b>" in text
+    # ranked among the attacks of the largest budget (issue 28: only attacks of the same budget compare)
+    top = max(b for _, b in summary)
+    worst = min((r for r in summary.values() if r["budget"] == top), key=lambda r: r["adv_mean_dice"])
+    assert (f"Strongest attack at ε = {fmt_budget(top)} (L∞, 2 attacks at this budget): "
+            f"<b>{worst['attack'].split('@')[0]}</b>") in text
     # the full table (collapsed) has every summary column, per-class lists excepted
     full = page.tables["summary"][1][0]
     assert "pixel accuracy (attacked)" in full and "Dice (attacked)" not in full
@@ -255,7 +258,8 @@ def test_saliency_pairs_ready_figures_and_a_table_without_known_metrics():
     rows = [{"sample": 0, "attack": "my_attack", "budget": None, "clean_custom": 0.5, "adv_custom": 0.25}]
     page = Page(render_html_report(Results(rows), cases=[fig], saliency=[pair]))
     assert len(page.images["saliency"]) == 1 and len(page.images["cases"]) == 1
-    assert _records(page.tables["summary"][0]) == [{"attack": "my_attack", "budget": "–", "n": "1"}]
+    assert _records(page.tables["summary"][0]) == [{"attack": "my_attack", "budget": "–", "n": "1",
+                                                    "ε-ball": "no ε-ball (not an Lp threat)"}]
     assert _records(page.tables["summary"][1])[0]["custom (attacked)"] == "0.250"
     assert "curves" not in page.tables and "curves" not in page.images  # no budget, no curve
 
@@ -318,7 +322,8 @@ def test_the_evaluate_report_shows_cases_hd95_and_class_names(cli_report):
     assert settings["budgets"] == "0.01569 (4/255), 0.06275 (16/255)"
     assert settings["attacks"].split("\n") == ["fgsm", "pgd (steps 3)"]
     assert settings["model · builder"] == "small_unet" and settings["hd95"] == "yes"
-    assert not any("{" in v or "'" in v for k, v in settings.items() if k != "task (as built)")
+    # (a pairing rule's pattern, `{id}`, is no blob)
+    assert not any("{" in v or "'" in v for k, v in settings.items() if k not in ("task (as built)", "data · pair"))
 
 
 def test_spread_and_intervals_of_few_or_binary_cases():

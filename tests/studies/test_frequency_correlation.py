@@ -97,7 +97,7 @@ def test_correlation_multiclass_and_segmentation_counts(trained_multiclass, trai
 
 def test_frequency_notes_vafa_renormalisation(voxel_model):
     from medadv import VAFA, Box
-    from medadv.report.html import _study_section
+    from medadv.report.html import _h, _study_section
     from medadv.tasks import Segmentation
 
     task = Segmentation(3)
@@ -114,5 +114,5 @@ def test_frequency_notes_vafa_renormalisation(voxel_model):
     assert "notes" not in plain.meta  # the control: no VAFA, no note
     # the report section prints them
     sec = _study_section(on, None)
-    assert any(type(b).__name__ == "Bullets" and b.items == on.meta["notes"] for b in sec.blocks)
+    assert any(type(b).__name__ == "Bullets" and b.items == [_h(n) for n in on.meta["notes"]] for b in sec.blocks)
     assert not any(type(b).__name__ == "Bullets" for b in _study_section(plain, None).blocks)
