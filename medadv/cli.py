@@ -1,4 +1,4 @@
-"""The ``medadv`` command line: ``demo``, ``evaluate CONFIG``, ``validate CONFIG``, ``attacks``, ``tasks``.
+"""The ``medadv`` command line: ``demo`` (deepbet on Colin27; ``--unet``: the trained-UNet demo), ``evaluate CONFIG``, ``validate CONFIG``, ``attacks``, ``tasks``, ``models``.
 
 ``medadv evaluate`` never overwrites results silently: an output folder holding results of the same
 config and data (the fingerprint of :func:`medadv.config.config_fingerprint`, kept in ``run.json``) is
@@ -23,14 +23,22 @@ __all__ = ["main"]
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import DemoConfig, run_demo
+    if args.unet:  # the earlier demo: a UNet trained here on MNI152 crops
+        from .demo import DemoConfig, run_demo, write_demo_outputs
 
-    cfg = DemoConfig(epochs=args.epochs, steps=args.steps, n_test=args.n_test)
-    out = run_demo(cfg, retrain=args.retrain, progress=not args.no_progress)
+        cfg = DemoConfig(epochs=args.epochs, steps=args.steps, n_test=args.n_test)
+        out = run_demo(cfg, retrain=args.retrain, progress=not args.no_progress)
+        if args.output:
+            for path in write_demo_outputs(out, args.output)[2:]:
+                print(f"report: {path}")
+        return 0
+    from .demo_deepbet import DeepbetDemoConfig, run_deepbet_demo, write_deepbet_outputs
+
+    # checked before any work: a wrong size or step count is one line, not a failure minutes in
+    dcfg = DeepbetDemoConfig(size=args.size, full=True if args.full else None, steps=args.steps)
+    dout = run_deepbet_demo(dcfg, progress=not args.no_progress)
     if args.output:
-        from .demo import write_demo_outputs
-
-        for path in write_demo_outputs(out, args.output)[2:]:
+        for path in write_deepbet_outputs(dout, args.output)[2:]:
             print(f"report: {path}")
     return 0
 
@@ -498,6 +506,19 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_models(args: argparse.Namespace) -> int:
+    from .models import zoo
+
+    if args.names:  # unknown names are refused with the closest one (a ValueError: one line, exit 2)
+        print("\n\n".join(zoo.describe_model(n) for n in args.names))
+        return 0
+    for row in zoo.describe_models():
+        print(f"{row['name']:<14} {row['summary']}\n{'':<14} output: {row['output']}; licence: {row['licence']}")
+    print("\n`medadv models NAME` shows a model's source, paper, input, parameters and whether it loads here; a config "
+          "names one as `model: {zoo: NAME, kwargs: {...}}`")
+    return 0
+
+
 _ALLOW_CODE_HELP = ("let the config run code: model builders that are not network classes or declared network "
                     "factories, `target` functions, MONAI transforms that run code or write files, code outside "
                     "medadv, MONAI and torchvision, and Python files outside the config's folder (same as "
@@ -513,13 +534,21 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show the full traceback of an error")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", parents=[common],
-                       help="train (or load) a UNet on the real MNI152 template and attack it")
-    d.add_argument("--retrain", action="store_true", help="ignore the cached checkpoint")
-    d.add_argument("--epochs", type=int, default=25, help="training epochs (default 25)")
+                       help="attack deepbet (a published, pretrained brain-extraction net) on the real Colin27 head; "
+                            "--unet: the earlier demo (a UNet trained here on MNI152)")
+    d.add_argument("--full", action="store_true",
+                   help="attack deepbet's two-stage pipeline (bbox 128^3 -> fine 256^3; the default on a GPU); "
+                        "default on a CPU: the bbox stage alone at --size")
+    d.add_argument("--size", type=int, default=96,
+                   help="grid of the bbox stage on a CPU, voxels per side, a multiple of 32 (default 96)")
     d.add_argument("--steps", type=int, default=10, help="attack iterations (default 10)")
-    d.add_argument("--n-test", type=int, default=8, help="number of held-out crops attacked (default 8)")
-    d.add_argument("--output", help="also write results.json/csv and a Markdown report here")
+    d.add_argument("--output", help="also write results.json/csv and the Markdown and HTML reports here")
     d.add_argument("--no-progress", action="store_true", help="no progress bars")
+    d.add_argument("--unet", action="store_true",
+                   help="the earlier demo: train (or load) a small UNet on MNI152 crops and attack it")
+    d.add_argument("--retrain", action="store_true", help="--unet: ignore the cached checkpoint")
+    d.add_argument("--epochs", type=int, default=25, help="--unet: training epochs (default 25)")
+    d.add_argument("--n-test", type=int, default=8, help="--unet: number of held-out crops attacked (default 8)")
     d.set_defaults(func=_cmd_demo)
     e = sub.add_parser("evaluate", parents=[common], help="run models x attacks x budgets from a YAML config")
     e.add_argument("config", help="YAML config (see medadv.config)")
@@ -543,6 +572,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--params", nargs="*", metavar="NAME",
                    help="show the config keys, auto members and attacks of these task kinds (none given: all)")
     t.set_defaults(func=_cmd_tasks)
+    m = sub.add_parser("models", parents=[common],
+                       help="list the zoo of published pretrained models (source, licence, input, output)")
+    m.add_argument("names", nargs="*", metavar="NAME", help="show these models in full (and whether they load here)")
+    m.set_defaults(func=_cmd_models)
     return p
 
 

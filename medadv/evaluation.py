@@ -454,6 +454,19 @@ def _rows_from_columns(columns: Mapping[str, Tensor], n: int) -> list[dict[str, 
     return [{k: v[i] for k, v in values.items()} for i in range(n)]
 
 
+def _check_spacing(spacing: Any) -> None:
+    """``evaluate``'s ``spacing``: a number or one number per spatial axis (mm), finite and > 0; ValueError naming it."""
+    import numpy as np
+
+    try:
+        arr = np.asarray(spacing.detach().cpu() if isinstance(spacing, Tensor) else spacing, dtype=np.float64)
+    except (TypeError, ValueError):
+        arr = np.asarray([np.nan])
+    if arr.ndim > 1 or arr.size == 0 or not (np.isfinite(arr).all() and (arr > 0).all()):
+        raise ValueError(f"`spacing` must be a number or one number per spatial axis (voxel size in mm), finite and "
+                         f"> 0, got {spacing!r}")
+
+
 def _surface_columns(task: Task, y: Tensor, pred: Tensor, spacing: Any) -> Tensor:
     """Per-class HD95 ``(N, C)`` of one prediction (segmentation): on the prediction's device, NaN where a class is
     absent from the label or the prediction."""
@@ -770,6 +783,8 @@ def evaluate(
     if not isinstance(task, Task):
         raise TypeError(f"`task` must be a medadv Task, got {task!r}")
     named = _named_attacks(attacks)
+    if spacing is not None:  # HD95 and the volumes read it after the attack: a bad one is refused before any work
+        _check_spacing(spacing)
     if hd95 and not isinstance(getattr(task, "num_classes", None), int):
         raise ValueError(f"`hd95=True` needs a segmentation task (label maps with `num_classes`), got {task!r}; "
                          "HD95 is a distance between label maps and does not apply to classifiers")
@@ -859,6 +874,10 @@ def evaluate(
             y_d = y.to(device, non_blocking=True)
             # the voxel spacing (mm) of HD95 and of the volume columns: the argument, else each case's header
             batch_spacing = spacing if spacing is not None else batch.spacing()
+            if spacing is not None and (hd95 or callable(getattr(task, "volume_columns", None))):
+                from .metrics.surface import _spacing_table
+
+                _spacing_table(spacing, x.shape[0], x.ndim - 2)  # one value per spatial axis: checked before the attacks
             # The clean output is computed once per batch and shared by every attack. Untargeted, the first
             # attack may compute it on its way (its first step at x) and hand it back: no separate forward pass,
             # and y is checked against it by the attack before any step. Targets need it before the attack.

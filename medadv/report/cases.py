@@ -290,7 +290,7 @@ def _budget_text(budget: float | None) -> str:
     if budget is None:
         return ""
     k = float(budget) * 255
-    frac = f" ({round(k)}/255)" if 0 < k <= 255 and abs(k - round(k)) < 1e-6 else ""
+    frac = f" ({round(k)}/255)" if 0 < k < 255 and abs(k - round(k)) < 1e-6 else ""
     return f" ε={float(budget):.4g}{frac}"
 
 

@@ -148,7 +148,7 @@ def fmt_budget(b: Any) -> str:
     if not _is_num(b):
         return "–" if b is None else str(b)
     k = float(b) * 255
-    if 0 < k <= 255 and abs(k - round(k)) < 1e-6:
+    if 0 < k < 255 and abs(k - round(k)) < 1e-6:
         return f"{float(b):.4g} ({round(k)}/255)"
     return f"{float(b):.4g}"
 

@@ -188,3 +188,19 @@ def test_volume_columns_and_soft_volume_do_not_sync_with_the_host(forbid_host_sy
     assert set(cols) == {"ref_volume_ml", "clean_volume_ml", "adv_volume_ml", "volume_change_ml", "volume_change_pct"}
     assert all(v.shape == (2, 3) for v in cols.values()) and soft.shape == (2, 3)
     assert torch.allclose(cols["ref_volume_ml"], class_volumes(y, 3, [[2.0, 2.0, 3.0], [1.0, 1.0, 1.0]]))
+
+
+@pytest.mark.parametrize("spacing", [-1.0, (1.0, 0.0, 2.0), "2mm", (1.0, 1.0), [[1.0, 1.0, 1.0]]])
+def test_a_bad_spacing_is_refused_before_any_attack(spacing):
+    calls = []
+
+    class Counting(_Threshold):
+        def forward(self, x):
+            calls.append(1)
+            return super().forward(x)
+
+    task = Segmentation(3)
+    x, y = torch.zeros(2, 1, 4, 4, 4), torch.zeros(2, 4, 4, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="`spacing`"):
+        evaluate(Counting(), task, (x, y), {"pgd": PGD(task, Linf(0.1, bounds=(0.0, 1.0)), steps=1)}, spacing=spacing)
+    assert calls == []

@@ -98,3 +98,17 @@ def test_validate_refuses_a_zoo_model_whose_package_is_missing(monkeypatch):
     assert "pip install deepbet==1.0.2" in (zoo.missing("deepbet") or "")
     with pytest.raises(ConfigError, match=r"`model.zoo` 'deepbet': .*pip install deepbet==1.0.2"):
         check_model({"zoo": "deepbet"}, allow_code=False)
+
+
+def test_cli_lists_the_zoo_and_refuses_unknown_names_in_one_line(capsys):
+    from medadv.cli import main
+
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert all(n in out for n in ("deepbet ", "deepbet-bbox", "robustbench")) and "licence: MIT" in out
+    assert main(["models", "deepbet"]) == 0
+    assert "status:     ready (offline)" in capsys.readouterr().out
+    assert main(["models", "debpet"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("medadv: error: unknown zoo model 'debpet'; did you mean 'deepbet'? "
+                   "(available: deepbet, deepbet-bbox, robustbench)\n")
