@@ -1,4 +1,6 @@
-"""``medadv demo``: attack a 3-D brain-tissue segmenter trained on the real MNI152 template.
+"""``medadv demo --unet``: attack a 3-D brain-tissue segmenter trained here on the real MNI152 template.
+
+(``medadv demo`` without ``--unet`` attacks a published, pretrained model instead: :mod:`medadv.demo_deepbet`.)
 
 1. Crops of the MNI152 T1 template (2 mm) with grey/white-matter/other-brain labels: training crops
    from the left hemisphere, test crops from the right one.

@@ -202,12 +202,15 @@ def table_rows(results: Results) -> list[dict[str, Any]]:
     return out
 
 
-def format_deepbet_table(results: Results, *, reference_ml: float | None = None) -> str:
+def format_deepbet_table(results: Results) -> str:
     """The demo's table: per attack and ε (grey levels), Dice to the clean mask, Dice to the reference (ch2bet) mask,
     the brain volume (TIV, ml) and its change (ml, %)."""
     rows = table_rows(results)
     head = (f"{'attack':<8}{'eps':>5}{'Dice→clean':>12}{'Dice→ref':>10}{'TIV ml':>9}{'ΔTIV ml':>9}{'ΔTIV %':>8}")
-    lines = ["Dice of the attacked brain mask to the clean mask and to the reference (ch2bet); TIV = brain volume",
+    summary = results.summary()
+    ref = f" (reference mask: {float(summary[0]['ref_volume_ml'][1]):.1f} ml)" if summary and \
+        "ref_volume_ml" in summary[0] else ""
+    lines = [f"Dice of the attacked brain mask to the clean mask and to the reference (ch2bet); TIV = brain volume{ref}",
              head, "-" * len(head)]
     for r in rows:
         eps = "-" if r["attack"] == "clean" else f"{r['eps']:g}"

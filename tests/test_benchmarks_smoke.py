@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -70,3 +72,22 @@ def test_sea_benchmark_without_the_reference_says_so_and_runs_auto(tmp_path):
     rows = [line for line in done.stdout.splitlines() if line.startswith("| 4/255 |")]
     assert [r.split(" | ")[1] for r in rows] == ["mean_dice", "pixel_accuracy", "miou"]
     assert all(r.split(" | ")[3] == "—" for r in rows)  # no SEA column without the reference
+
+
+@pytest.mark.skipif(not Path("/usr/share/mricron/templates/ch2.nii.gz").is_file(),
+                    reason="Debian mricron-data not installed (apt-get install mricron-data)")
+def test_real_models_benchmark_smoke_has_its_rows_and_names_the_machine(tmp_path):
+    """benchmarks/real_models.py ``--smoke`` (deepbet bbox 32³, one step, ε 4, Colin27): a row per attack and the
+    control, VAFA, the certify line and the machine (never the numbers: 32³ is below deepbet's working size)."""
+    out = tmp_path / "real_models.md"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "real_models.py"), "--smoke", "--output",
+                           str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = out.read_text()
+    rows = [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in text.splitlines()
+            if line.startswith("| colin27")]
+    attacks = [r[2] for r in rows if len(r) == 10]
+    assert attacks == ["pgd", "volume", "noise", "vafa"], attacks
+    for r in (r for r in rows if len(r) == 10 and r[2] != "vafa"):
+        assert float(r[8]) <= float(r[3]) + 1e-3  # measured L∞ within ε (grey levels)
+    assert "CPU cores" in text and "no GPU was lent" in text and "certified Dice→ref" in text
