@@ -169,7 +169,7 @@ def _write_readme(path: str) -> None:
         f.write(new)
 
 
-if __name__ == "__main__":  # python -m medadv.adapters.support README.md: regenerate the README matrix
+if __name__ == "__main__":  # python -m medadv.adapters.support docs/adapters.md: regenerate the docs' matrix
     import sys
 
-    _write_readme(sys.argv[1] if len(sys.argv) > 1 else "README.md")
+    _write_readme(sys.argv[1] if len(sys.argv) > 1 else "docs/adapters.md")

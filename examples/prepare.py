@@ -15,7 +15,7 @@ Writes, under ``examples/data/`` (skipping what is already there):
 * ``png/*.png`` + ``png/labels.csv``: 32 x 32 axial brain patches with 5 tissue x hemisphere labels
   (:func:`medadv.data.brain_patches.brain_patches`, the nilearn source), held-out slices;
 * ``unet3d.pt``: the demo's small MONAI UNet (trained on 32^3 crops of the left hemisphere; shared with
-  ``medadv demo`` through its cache) and ``cnn2d.pt``: a small CNN trained on the training slices.
+  ``medadv demo --unet`` through its cache) and ``cnn2d.pt``: a small CNN trained on the training slices.
 
 The models are trained here because no pretrained medical weights can be had offline.
 """
@@ -118,7 +118,7 @@ def write_png(folder: Path, n: int | None = None) -> None:
 
 
 def train_unet(path: Path, quick: bool = False) -> None:
-    """The demo's UNet (cached by ``medadv demo``; trained here if absent), saved as a state dict."""
+    """The demo's UNet (cached by ``medadv demo --unet``; trained here if absent), saved as a state dict."""
     from medadv.demo import DemoConfig, build_demo_model
     from medadv.models import save_checkpoint
 

@@ -14,7 +14,18 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+
+def _version() -> str:
+    """The installed distribution's version: ``pyproject.toml`` is its one source (no copy here to drift)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("medadv")
+    except PackageNotFoundError:  # imported from a source tree that was never installed (pip install -e .)
+        return "0+unknown"
+
+
+__version__ = _version()
 
 # public name -> module that defines it (imported on first access)
 _EXPORTS: dict[str, str] = {

@@ -348,9 +348,10 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             report = write_report(res, out)
             studies = _run_studies(cfg, model, task, data, attacks, target_fn, out, allow_code)
             # the most-damaged samples of each attack, attacked again under evaluate's per-batch seed to draw them
-            cases = worst_cases(model, task, data, attacks, res, k=cfg["cases"], seed=cfg["seed"],
-                                target_fn=target_fn, class_names=names) if cfg["cases"] else []
             report_cfg = cfg.get("report") or {}
+            cases = worst_cases(model, task, data, attacks, res, k=cfg["cases"], seed=cfg["seed"],
+                                target_fn=target_fn, class_names=names, spacing=cfg["spacing"],
+                                window=report_cfg.get("window")) if cfg["cases"] else []
             html = write_html_report(res, out, studies=studies, cases=cases, class_names=names,
                                      title=report_cfg.get("title") or f"medadv: {Path(args.config).name}",
                                      results_title=report_cfg.get("results"))
@@ -525,9 +526,17 @@ _ALLOW_CODE_HELP = ("let the config run code: model builders that are not networ
                     "`allow_code: true`)")
 
 
+def _installed_version() -> str:
+    from . import __version__
+
+    return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="medadv", description="Adversarial robustness of medical imaging models.")
     p.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    # the installed distribution's version (pyproject.toml is its one source, read through importlib.metadata)
+    p.add_argument("--version", action="version", version=f"medadv {_installed_version()}")
     # `--debug` after the command too; SUPPRESS keeps the main parser's value when it is not repeated there
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,

@@ -61,7 +61,8 @@ Outputs are written only as regular files inside the output folder, never throug
 task's loss before it is evaluated (weights cached in medadv's cache folder under a hash of the network, task,
 section and seed: :func:`trained_weights`); ``model.name`` names it for the studies; ``models: {name: {...}}``
 adds networks for the studies that compare models (:func:`study_models`). An ``attacks`` entry may give its own
-``budgets`` and ``target`` (:func:`build_target_fns`); ``report: {title, results}`` heads the HTML report.
+``budgets`` and ``target`` (:func:`build_target_fns`); ``report: {title, results}`` heads the HTML report and
+``report: {window: lung}`` (or ``[width, level]``) sets its case figures' grey window (:mod:`medadv.report.windows`).
 
 Data from files (:mod:`medadv.data.sources`) stream through MONAI transforms declared by class name, one
 batch at a time, each case named by its file (``case_id``)::

@@ -654,12 +654,28 @@ class AttackPlan(BaseModel):
         return None if self.threat.eps is None else [self.threat.eps]
 
 
+def _report_window(value: Any) -> Any:
+    """``report.window``: a preset name (did-you-mean when misspelt) or ``[width, level]``, as the case
+    figures accept it (:func:`medadv.report.windows.check_window`); numbers are kept as written."""
+    from .report.windows import MODES, WINDOWS, check_window
+
+    if isinstance(value, str):
+        return _pick(value, (*MODES, *WINDOWS), {})
+    try:
+        check_window(value)
+    except (TypeError, ValueError) as e:
+        raise PydanticCustomError("window", "{reason}", {"reason": str(e).removeprefix("`window` ")}) from None
+    return value
+
+
 class ReportSection(_Section):
     """``report``: the HTML report's ``title`` and the heading of the evaluation's tables (``results``, e.g. a
     paper's "Table 1: white-box attacks"); each study's heading is its own ``title:``."""
 
     title: str | None = Field(None, min_length=1)
     results: str | None = Field(None, min_length=1)
+    # the case figures' grey window (medadv.report.windows): a CT preset, auto, percentile or [width, level]
+    window: Annotated[Any, AfterValidator(_report_window)] = None
 
 
 class Config(_Section):

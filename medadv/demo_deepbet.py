@@ -225,6 +225,7 @@ def write_deepbet_outputs(out: dict[str, Any], folder: str | Path, *, cases: int
     the strongest attack's mask change (attacked again under the same seed: the example the table measured).
     Returns the paths written."""
     from .report import worst_cases, write_html_report, write_report
+    from .safe_io import write_text
     from .report.cases import volume_axis_names
 
     res: Results = out["results"]
@@ -235,10 +236,11 @@ def write_deepbet_outputs(out: dict[str, Any], folder: str | Path, *, cases: int
     res.to_json(folder / "results.json")
     res.to_csv(folder / "results.csv")
     table = folder / "table.md"
-    table.write_text(f"# {title}\n\n```\n{format_deepbet_table(res)}\n```\n", encoding="utf-8")
+    write_text(table, f"# {title}\n\n```\n{format_deepbet_table(res)}\n```\n")  # never through a link
     md = write_report(res, folder, title=title)
     axes = volume_axis_names(out["head"].affine) or ("sagittal", "coronal", "axial")
     drawn = worst_cases(out["model"], out["task"], (out["x"], out["y"]), out["attacks"], res, k=cases,
-                        strongest_only=True, class_names=CLASS_NAMES, axis_names=axes, seed=cfg.seed)
+                        strongest_only=True, class_names=CLASS_NAMES, axis_names=axes, seed=cfg.seed,
+                        spacing=tuple(out["head"].spacing))  # voxels drawn to scale
     html = write_html_report(res, folder, title=title, class_names=CLASS_NAMES, cases=drawn)
     return [folder / "results.json", folder / "results.csv", table, Path(md), html]

@@ -463,4 +463,5 @@ def get_attack(name: str, task: Task, threat: Threat | Box | None = None, **para
 
 
 def available_attacks() -> list[str]:
+    """The registered attack names (``get_attack``, configs' ``attacks:``, ``medadv attacks``), sorted."""
     return sorted(_REGISTRY)

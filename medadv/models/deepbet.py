@@ -58,8 +58,8 @@ PAPER = ("Fisch L. et al., deepbet: Fast brain extraction of T1-weighted MRI usi
 QUANTILES = (0.005, 0.995)
 #: deepbet's affine after the z-score (ImageNet's grey mean and std)
 _SCALE, _SHIFT = 0.226, 0.449
-#: the nets' four 2x down-samplings: a grid side must be a multiple of this
-_MULTIPLE = 16
+#: a grid side must be a multiple of this (checked on the TorchScript nets: 32, 64, 96 and 128 run, 48 fails)
+_MULTIPLE = 32
 _FILES = {"bbox": "data/models/bbox_model.pt", "fine": "data/models/model.pt"}
 
 
@@ -112,7 +112,7 @@ def _grid(value: int | Sequence[int], name: str) -> tuple[int, int, int]:
         raise TypeError(f"`{name}` must be a positive int or three of them (voxels per side), got {value!r}")
     bad = [s for s in sides if s % _MULTIPLE]
     if bad:
-        raise ValueError(f"`{name}` sides must be multiples of {_MULTIPLE} (the UNet halves the grid four times), "
+        raise ValueError(f"`{name}` sides must be multiples of {_MULTIPLE} (the TorchScript UNets fail on a side of 48), "
                          f"got {tuple(sides)}")
     return (int(sides[0]), int(sides[1]), int(sides[2]))
 

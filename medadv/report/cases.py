@@ -1,9 +1,12 @@
 """Case figures: what an attack did to a few single images or volumes.
 
 A :class:`Case` holds one sample before and after an attack (input, perturbation, predictions). Its figure
-(:func:`plot_case`) shows, left to right, the **image**, the **amplified perturbation** (``x' − x`` with
-the colour range stretched to its largest magnitude, so a perturbation of 1/255 is visible), the **clean
-prediction** and the **attacked prediction**:
+(:func:`plot_case`) shows, left to right, the **clean image**, the **attacked image** (both through the same
+grey window: a CT preset or the data's percentiles, :mod:`medadv.report.windows`), the **amplified
+perturbation** (``x' − x`` with the colour range stretched to its largest magnitude, so a perturbation of
+1/255 is visible; the title says by how much relative to the image's grey range, the colour bar gives its
+scale in the data's units), the **clean prediction** and the **attacked prediction**. Voxels are drawn with
+their physical proportions when the case knows its spacing (:func:`~medadv.report.windows.plane_aspect`):
 
 - classification (multi-class or multi-label): the predicted probabilities as bars, true classes marked;
 - 2-D segmentation: the label maps over the image (and the ground truth when known);
@@ -31,6 +34,7 @@ from torch import Tensor, nn
 
 from ..runtime import target_for
 from ..tasks import Task
+from .windows import DisplayWindow, WindowSpec, check_window, display_window, plane_aspect
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -68,6 +72,11 @@ class Case:
         note: one line under the title (e.g. the metrics before and after).
         axis_names: names of the three axes of a volume (e.g. ``("sagittal", "coronal", "axial")`` for
             RAS-ordered arrays); the slice *through* axis ``i`` is labelled ``axis_names[i]``.
+        spacing: the voxel size along each spatial axis (mm, or any unit shared by the axes); the figure draws
+            voxels with these proportions. ``None``: square voxels.
+        window: the grey window of the images (:func:`~medadv.report.windows.display_window`): a CT preset
+            (``"brain"``, ``"soft_tissue"``, ``"lung"``, ``"bone"``), ``[width, level]`` in data units,
+            ``"percentile"``, or ``None``/``"auto"`` (HU-looking data: soft tissue, else 1–99 % percentiles).
     """
 
     x: Tensor
@@ -82,6 +91,8 @@ class Case:
     title: str = ""
     note: str = ""
     axis_names: Sequence[str] = ("axis 0", "axis 1", "axis 2")
+    spacing: Sequence[float] | None = None
+    window: WindowSpec = None
 
     def __post_init__(self) -> None:
         self.kind = _VIEW_ALIASES.get(self.kind, self.kind)
@@ -91,6 +102,12 @@ class Case:
             raise ValueError(f"`x` {tuple(self.x.shape)} and `x_adv` {tuple(self.x_adv.shape)} differ in shape")
         if self.x.ndim not in (3, 4):
             raise ValueError(f"`x` must be one sample (C, H, W) or (C, D, H, W), got shape {tuple(self.x.shape)}")
+        self.window = check_window(self.window)
+        if self.spacing is not None:
+            # the one parser of a spacing argument (HD95 and the volume columns read it the same way)
+            from ..metrics.surface import _spacing_table
+
+            self.spacing = tuple(_spacing_table(self.spacing, 1, self.x.ndim - 1)[0].tolist())
         if self.kind == "map" and tuple(self.clean.shape) != tuple(self.x.shape[1:]):
             raise ValueError(f"a segmentation case needs label maps shaped like the image {tuple(self.x.shape[1:])}, "
                              f"got {tuple(self.clean.shape)}")
@@ -166,6 +183,8 @@ def make_cases(
     class_names: Sequence[str] | None = None,
     title: str = "",
     axis_names: Sequence[str] | None = None,
+    spacing: Any = None,
+    window: WindowSpec = None,
 ) -> list[Case]:
     """Cases from tensors already computed (a batch ``x`` and its attacked version ``x_adv``).
 
@@ -180,10 +199,19 @@ def make_cases(
         class_names: names of the classes/labels.
         title: prefix of each case's title (e.g. the attack and budget).
         axis_names: names of a volume's three axes (see :class:`Case`).
+        spacing: voxel size per spatial axis (mm): one number, one per axis, or one row per sample of ``x``;
+            the figures draw voxels with these proportions (``None``: square).
+        window: the images' grey window (see :class:`Case`).
     """
     if x.shape != x_adv.shape:
         raise ValueError(f"`x` {tuple(x.shape)} and `x_adv` {tuple(x_adv.shape)} differ in shape")
     kind = _view(task)
+    window = check_window(window)  # refused before any work
+    spacings = None
+    if spacing is not None:
+        from ..metrics.surface import _spacing_table
+
+        spacings = _spacing_table(spacing, x.shape[0], x.ndim - 2).tolist()
     x, x_adv = x.detach().cpu(), x_adv.detach().cpu()
     clean_logits, adv_logits = clean_logits.detach().cpu().float(), adv_logits.detach().cpu().float()
     y = None if y is None else y.detach().cpu()
@@ -206,6 +234,7 @@ def make_cases(
             adv_scores=None if scores[1] is None else scores[1][i],
             class_names=class_names, title=head, note="" if y is None else task.case_note(y[i], cp[i], ap[i]),
             axis_names=tuple(axis_names) if axis_names is not None else ("axis 0", "axis 1", "axis 2"),
+            spacing=None if spacings is None else spacings[i], window=window,
         ))
     return cases
 
@@ -221,14 +250,19 @@ def select_cases(
     class_names: Sequence[str] | None = None,
     title: str | None = None,
     axis_names: Sequence[str] | None = None,
+    spacing: Any = None,
+    window: WindowSpec = None,
 ) -> list[Case]:
     """Attack the batch ``(x, y)`` once and return the ``k`` samples the attack changed most.
 
     The title of each case names the attack and its budget (``attack.name``, ``attack.budget``). A model that
     returns probabilities is read through :meth:`~medadv.tasks.Task.logits_model` when ``task`` declares
-    ``outputs="probabilities"`` (and refused by the attack, before it steps, when it does not).
+    ``outputs="probabilities"`` (and refused by the attack, before it steps, when it does not). ``spacing``
+    and ``window`` as in :func:`make_cases`.
     """
     from ..runtime import attack_mode, forward_tensor, model_device
+
+    window = check_window(window)  # refused before the attack runs
 
     model = task.logits_model(model)  # declared probabilities: the logits the attack and the case read
     device = model_device(model)
@@ -239,7 +273,7 @@ def select_cases(
     if title is None:
         title = attack.name if attack.budget is None else f"{attack.name} ε={attack.budget:.4g}"
     return make_cases(task, x, res.x_adv, clean_logits, res.logits, y, k=k, class_names=class_names, title=title,
-                      axis_names=axis_names)
+                      axis_names=axis_names, spacing=spacing, window=window)
 
 
 def _metric_column(task: Task) -> str:
@@ -311,6 +345,8 @@ def worst_cases(
     image_key: str = "image",
     label_key: str = "label",
     hd95_unit: str | None = None,
+    spacing: Any = None,
+    window: WindowSpec = None,
 ) -> list[Case]:
     """The ``k`` samples each attack damaged most in ``results``, re-attacked exactly as
     :func:`~medadv.evaluation.evaluate` attacked them, as cases to draw.
@@ -338,10 +374,14 @@ def worst_cases(
         image_key, label_key: the keys of a dictionary batch, as given to evaluate.
         hd95_unit: the unit of the HD95 in the case notes (rows of ``evaluate(hd95=True)``); default ``mm``
             for batches with an affine (evaluate read the voxel spacing from it), else none.
+        spacing: the voxel spacing (mm) the figures draw with, as given to evaluate; ``None``: each case's
+            spacing from its affine, else square voxels.
+        window: the images' grey window (see :class:`Case`; the config's ``report: {window: ...}``).
     """
     from ..evaluation import _parse, _sample_hashes, _seeded, _Source, _targeted
     from ..runtime import attack_mode, forward_tensor, model_device
 
+    window = check_window(window)
     if k <= 0 or not len(getattr(results, "rows", ())):
         return []
     # declared probabilities: the clean logits handed to the attack are the ones evaluate() read
@@ -422,8 +462,10 @@ def worst_cases(
                 row = next(r for r in wanted[name] if int(r["sample"]) == sample)
                 aff = batch.affine[i] if batch.affine is not None else None
                 axes = axis_names if axis_names is not None else volume_axis_names(aff)
+                # the voxel spacing as evaluate reads it: the argument, else the case's header
                 (case,) = make_cases(task, batch.x, res.x_adv, clean_logits, res.logits, batch.y, indices=[i],
-                                     class_names=class_names, axis_names=axes)
+                                     class_names=class_names, axis_names=axes, window=window,
+                                     spacing=spacing if spacing is not None else batch.spacing())
                 cid = str(row.get("case_id", sample))
                 who = f"case {cid}" + (f" (sample {sample})" if cid != str(sample) else "")
                 case.title = f"{_family_of(name, atk)}{_budget_text(atk.budget)} · {who}"
@@ -492,15 +534,21 @@ def most_changed_voxel(case: Case) -> tuple[int, ...]:
 
 
 # --- figures -----------------------------------------------------------------------------------------------------
-def _display(img: Tensor) -> tuple[Tensor, dict[str, Any]]:
-    """An image to show: RGB for 3 channels, else channel 0 in grey, scaled to its own percentiles."""
+def _window(case: Case) -> DisplayWindow:
+    """The grey range of the case's images, the clean and the attacked alike: channel 0 through the case's
+    window (:func:`~medadv.report.windows.display_window`); RGB (3 channels) from the clean image's min to max."""
+    if case.x.shape[0] == 3:
+        lo, hi = float(case.x.min()), float(case.x.max())
+        return DisplayWindow(lo, hi if hi > lo else lo + 1e-6, "RGB, min–max", "data units")
+    return display_window(case.x[0], case.window)
+
+
+def _display(img: Tensor, win: DisplayWindow) -> tuple[Tensor, dict[str, Any]]:
+    """An image to show through ``win``: RGB for 3 channels, else channel 0 in grey."""
     img = img.float()
     if img.shape[0] == 3:
-        lo, hi = float(img.min()), float(img.max())
-        return ((img - lo) / max(hi - lo, 1e-12)).clamp(0, 1).permute(1, 2, 0), {}
-    g = img[0]
-    lo, hi = float(torch.quantile(g.flatten(), 0.01)), float(torch.quantile(g.flatten(), 0.99))
-    return g, dict(cmap="gray", vmin=lo, vmax=hi if hi > lo else lo + 1e-6)
+        return ((img - win.lo) / max(win.width, 1e-12)).clamp(0, 1).permute(1, 2, 0), {}
+    return img[0], dict(cmap="gray", vmin=win.lo, vmax=win.hi)
 
 
 def _delta_plane(delta: Tensor) -> Tensor:
@@ -586,6 +634,15 @@ def _off(ax: Axes) -> None:
     ax.set_yticks([])
 
 
+def _colour_bar(fig: Figure, ax: Axes, image: Any, unit: str) -> None:
+    """The perturbation's scale beside its panel, in the data's units (HU for CT)."""
+    # an inset in the panel's axes coordinates: the bar is as tall as the image it explains, also when voxels
+    # drawn to scale make the image short
+    bar = fig.colorbar(image, cax=ax.inset_axes((1.04, 0.0, 0.06, 1.0)))
+    bar.ax.tick_params(labelsize=6)
+    bar.set_label(unit, fontsize=7)
+
+
 def plot_case(case: Case, path: str | Path | None = None, *, dpi: int = 110) -> Figure:
     """The figure of one case (see the module docstring for its panels). Returns the matplotlib Figure;
     saves a PNG to ``path`` when given."""
@@ -597,6 +654,7 @@ def plot_case(case: Case, path: str | Path | None = None, *, dpi: int = 110) -> 
 
     delta = case.delta
     lim = float(delta.abs().max()) or 1e-12
+    win = _window(case)
     seg = case.kind == "map"
     ncls = 0
     if seg:
@@ -605,89 +663,106 @@ def plot_case(case: Case, path: str | Path | None = None, *, dpi: int = 110) -> 
         ncls = max(ncls, len(case.class_names or ()))
     gt = seg and case.label is not None
     bars = case.kind in ("classes", "labels")
-    ncol = 4 + int(gt) if seg or bars else 3 if case.kind == "values" else 2
+    # clean image, attacked image, perturbation; then the predictions: clean and attacked (and the truth) as
+    # maps or score bars, one panel of values, or none
+    ncol = 3 + (2 + int(gt) if seg or bars else 1 if case.kind == "values" else 0)
     delta_kw = dict(cmap="RdBu_r", vmin=-lim, vmax=lim)
-    pert_title = f"perturbation, amplified\n(colour range ±{lim:.3g})"
+    # how much more contrast the perturbation gets than the image: its colour range (2·lim) against the grey
+    # window's width; the colour bar gives the absolute scale
+    pert_title = f"perturbation, amplified ×{win.width / (2 * lim):.3g}\n(colour range ±{lim:.3g} {win.unit})"
+    image_titles = (_wrap(f"clean image · {win.label}", 34), "attacked image\n(same window)")
+    # say the voxels are drawn to scale (and how large they are)
+    voxel = "" if case.spacing is None else "voxel " + " × ".join(f"{v:.3g}" for v in case.spacing) + " mm"
 
     if case.volumetric:
         centre = most_changed_voxel(case)
-        fig, axes = plt.subplots(3, ncol, figsize=(2.35 * ncol, 2.35 * 3 + 0.9), squeeze=False)
+        fig, axes = plt.subplots(3, ncol, figsize=(2.35 * ncol + 0.5, 2.35 * 3 + 0.9), squeeze=False)
         for r in range(3):
             idx: list[Any] = [slice(None)] * 3
             idx[r] = centre[r]
             rest = [a for a in range(3) if a != r]
             # (first remaining axis, second) shown with the second axis vertical, origin at the bottom:
-            # RAS-ordered volumes then appear upright
+            # RAS-ordered volumes then appear upright; a row of pixels spans the second axis' spacing
             plane = lambda t, idx=tuple(idx): t[idx].T  # noqa: E731
+            geom = {"origin": "lower", "aspect": plane_aspect(case.spacing, rest[1], rest[0])}
             cross = (centre[rest[0]], centre[rest[1]])
-            img, img_kw = _display(case.x[(slice(None), *idx)])
-            img = img.T if img.ndim == 2 else img.permute(1, 0, 2)
-            panels = [("image", None), (pert_title, None), ("clean prediction", case.clean),
-                      ("attacked prediction", case.adv)][:ncol] + ([("ground truth", case.label)] if gt else [])
-            for c, (name, lab) in enumerate(panels):
-                ax = axes[r][c]
-                if c == 0:
-                    ax.imshow(img.numpy(), origin="lower", **img_kw)
-                elif c == 1:
-                    ax.imshow(plane(_delta_plane(delta)).numpy(), origin="lower", **delta_kw)
-                elif seg:
+            img, img_kw = _display(case.x[(slice(None), *idx)], win)
+            adv_img, _ = _display(case.x_adv[(slice(None), *idx)], win)
+            img, adv_img = (t.T if t.ndim == 2 else t.permute(1, 0, 2) for t in (img, adv_img))
+            row = axes[r]
+            row[0].imshow(img.numpy(), **img_kw, **geom)
+            row[1].imshow(adv_img.numpy(), **img_kw, **geom)
+            _colour_bar(fig, row[2], row[2].imshow(plane(_delta_plane(delta)).numpy(), **delta_kw, **geom), win.unit)
+            drawn = [0, 1, 2]
+            if seg:
+                layers = [(img, case.clean), (adv_img, case.adv)] + ([(img, case.label)] if gt else [])
+                for c, (under, lab) in enumerate(layers, start=3):
                     assert lab is not None
-                    _seg_overlay(ax, img, img_kw, plane(lab), ncls, origin="lower")
-                elif c == 2 and case.kind == "values":
+                    _seg_overlay(row[c], under, img_kw, plane(lab), ncls, **geom)
+                    drawn.append(c)
+            elif r > 0:  # score bars and values are drawn once, in the first row
+                for ax in row[3:]:
                     ax.axis("off")
-                    continue
-                else:  # classification of a volume: the image slice again, the prediction in the title
-                    ax.imshow(img.numpy(), origin="lower", **img_kw)
+            for c in drawn:
+                ax = row[c]
                 ax.axvline(cross[0], color="#F0E442", lw=0.6, alpha=0.8)
                 ax.axhline(cross[1], color="#F0E442", lw=0.6, alpha=0.8)
                 _off(ax)
-                if r == 0:
-                    ax.set_title(name, fontsize=9)
-                if c == 0:
-                    ax.set_ylabel(f"{case.axis_names[r]} = {centre[r]}", fontsize=8)
+            if r == 0:
+                for c, name in enumerate([*image_titles, pert_title]):
+                    row[c].set_title(name, fontsize=8)
+                if seg:
+                    for c, name in enumerate(["clean prediction", "attacked prediction", "ground truth"][:ncol - 3],
+                                             start=3):
+                        row[c].set_title(name, fontsize=9)
+            row[0].set_ylabel(f"{case.axis_names[r]} = {centre[r]}", fontsize=8)
+        axes[2][0].set_xlabel(voxel, fontsize=7)
         if case.kind == "values":
-            _value_bars(axes[0][2], case)
+            _value_bars(axes[0][3], case)
         elif bars:
-            names = case.names(int(case.clean_scores.numel()) if case.clean_scores is not None else 1)
-            fmt = (lambda p: names[int(p)]) if case.kind == "classes" else \
-                (lambda p: ", ".join(n for n, v in zip(names, p.tolist(), strict=False) if v >= 0.5) or "none")
-            axes[0][2].set_title(f"clean prediction\n→ {fmt(case.clean)}", fontsize=9)
-            axes[0][3].set_title(f"attacked prediction\n→ {fmt(case.adv)}", fontsize=9)
+            _prob_bars(axes[0][3], case, case.clean_scores, case.clean, "clean prediction")
+            _prob_bars(axes[0][4], case, case.adv_scores, case.adv, "attacked prediction")
     else:
         # classification: the score panels are wider (their label names stand beside the bars)
-        widths = [1.0] * ncol if seg or not bars else [1.0, 1.0, 1.6, 1.6]
+        widths = [1.0] * ncol if seg or not bars else [1.0, 1.0, 1.0, 1.6, 1.6]
         if case.kind == "values":
-            widths = [1.0, 1.0, 1.6]
-        fig, axes = plt.subplots(1, ncol, figsize=(2.6 * sum(widths), 3.0 + 0.7 * (not seg)), squeeze=False,
+            widths = [1.0, 1.0, 1.0, 1.6]
+        fig, axes = plt.subplots(1, ncol, figsize=(2.6 * sum(widths) + 0.5, 3.0 + 0.7 * (not seg)), squeeze=False,
                                  gridspec_kw={"width_ratios": widths})
         row = axes[0]
-        img, img_kw = _display(case.x)
-        row[0].imshow(img.numpy(), **img_kw)
+        geom = {"aspect": plane_aspect(case.spacing, 0, 1)}  # rows run along the first spatial axis
+        img, img_kw = _display(case.x, win)
+        adv_img, _ = _display(case.x_adv, win)
+        row[0].imshow(img.numpy(), **img_kw, **geom)
+        row[1].imshow(adv_img.numpy(), **img_kw, **geom)
         truth = ""
         if case.label is not None and bars:
             names = case.names(int(case.clean_scores.numel()) if case.clean_scores is not None
                                else int(case.label.numel()) if case.kind == "labels" else int(case.label) + 1)
             truth = names[int(case.label)] if case.kind == "classes" else \
                 ", ".join(n for n, v in zip(names, case.label.tolist(), strict=False) if v >= 0.5) or "none"
-        row[0].set_title("image" + ("\n" + _wrap(f"true: {truth}", 30) if truth else ""), fontsize=8 if truth else 9)
-        row[1].imshow(_delta_plane(delta).numpy(), **delta_kw)
-        row[1].set_title(pert_title, fontsize=9)
-        _off(row[0])
-        _off(row[1])
+        row[0].set_title(image_titles[0] + ("\n" + _wrap(f"true: {truth}", 30) if truth else ""), fontsize=8)
+        row[1].set_title(image_titles[1], fontsize=8)
+        _colour_bar(fig, row[2], row[2].imshow(_delta_plane(delta).numpy(), **delta_kw, **geom), win.unit)
+        row[2].set_title(pert_title, fontsize=8)
+        for ax in row[:3]:
+            _off(ax)
+        row[0].set_xlabel(voxel, fontsize=7)
         if seg:
-            maps: list[tuple[str, Tensor]] = [("clean prediction", case.clean), ("attacked prediction", case.adv)]
+            maps: list[tuple[str, Tensor, Tensor]] = [("clean prediction", img, case.clean),
+                                                      ("attacked prediction", adv_img, case.adv)]
             if case.label is not None:
-                maps.append(("ground truth", case.label))
-            for c, (name, labels) in enumerate(maps, start=2):
-                _seg_overlay(row[c], img, img_kw, labels, ncls)
+                maps.append(("ground truth", img, case.label))
+            for c, (name, under, labels) in enumerate(maps, start=3):
+                _seg_overlay(row[c], under, img_kw, labels, ncls, **geom)
                 row[c].set_title(name, fontsize=9)
                 _off(row[c])
         elif bars:
-            _prob_bars(row[2], case, case.clean_scores, case.clean, "clean prediction")
-            _prob_bars(row[3], case, case.adv_scores, case.adv, "attacked prediction")
+            _prob_bars(row[3], case, case.clean_scores, case.clean, "clean prediction")
+            _prob_bars(row[4], case, case.adv_scores, case.adv, "attacked prediction")
         elif case.kind == "values":
-            _value_bars(row[2], case)
-    if seg:
+            _value_bars(row[3], case)
+    if seg and ncls > 1:  # (background only: nothing to name)
         names = case.names(ncls)
         handles = [Patch(color=SEG_COLOURS[(j - 1) % len(SEG_COLOURS)], label=names[j]) for j in range(1, ncls)]
         fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6), fontsize=8, frameon=False)

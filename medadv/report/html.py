@@ -1652,10 +1652,12 @@ def _case_section(cases: Sequence[Case | Figure]) -> Section:
             blocks.append(figure_image(c, "case figure"))
     return Section("cases", "Cases",
                    "The samples the attacks damaged most (largest drop of the robust metric; each figure names its "
-                   "attack and budget): the image, the perturbation (amplified: its colour range "
-                   "is stretched to its largest value, so an invisible change becomes visible), and the prediction "
-                   "before and after. Volumes show three orthogonal slices through the voxel whose prediction "
-                   "changed most (crosshair).", blocks)
+                   "attack and budget): the clean and the attacked image through the same grey window (a CT "
+                   "window for data in HU, else the 1–99 % range; <code>report: {window: ...}</code> sets one), the "
+                   "perturbation (amplified: its colour range is stretched to its largest value, so an invisible "
+                   "change becomes visible; the colour bar gives its scale in data units), and the prediction "
+                   "before and after. Voxels are drawn to scale when the spacing is known. Volumes show three "
+                   "orthogonal slices through the voxel whose prediction changed most (crosshair).", blocks)
 
 
 def _saliency_section(pairs: Sequence[SaliencyPair | Figure]) -> Section:

@@ -1,4 +1,4 @@
-"""The README's toolkit examples run as written."""
+"""The toolkit examples of the documentation (docs/adapters.md) run as written."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "adapters.md"
 BEGIN, END = "<!-- adapters:begin -->", "<!-- adapters:end -->"
 
 
 def _blocks() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    assert BEGIN in text and END in text, "README.md lost its toolkit-adapters section markers"
+    text = PAGE.read_text(encoding="utf-8")
+    assert BEGIN in text and END in text, "docs/adapters.md lost its toolkit-adapters section markers"
     text = text[text.index(BEGIN) : text.index(END)]
     return re.findall(r"```python\n(.*?)```", text, flags=re.S)
 
@@ -33,9 +34,9 @@ def test_example_runs(index):
     exec(compile(_blocks()[index], f"adapters-example-{index}", "exec"), {"__name__": "__example__"})
 
 
-def test_readme_support_matrix_is_generated_from_the_tables():
-    # the README's matrix is rendered from the adapters' SUPPORT tables (python -m medadv.adapters.support)
+def test_docs_support_matrix_is_generated_from_the_tables():
+    # the docs page's matrix is rendered from the adapters' SUPPORT tables (python -m medadv.adapters.support)
     from medadv.adapters.support import readme_section
 
-    assert readme_section() in (ROOT / "README.md").read_text(), (
-        "README.md's support matrix is stale: run `python -m medadv.adapters.support README.md`")
+    assert readme_section() in PAGE.read_text(encoding="utf-8"), (
+        "docs/adapters.md's support matrix is stale: run `python -m medadv.adapters.support docs/adapters.md`")

@@ -146,7 +146,7 @@ def test_bad_inputs_are_refused_in_one_line(nets):
         model(torch.zeros(1, 1, 32, 32, 32, dtype=torch.uint8))
     with pytest.raises(ValueError, match="quantiles are equal"):
         model(torch.full((1, 1, 32, 32, 32), 7.0))
-    with pytest.raises(ValueError, match="multiples of 16"):
+    with pytest.raises(ValueError, match="multiples of 32"):
         DeepbetBBox(size=72, net=nets[0])
     with pytest.raises(ValueError, match="margin"):
         Deepbet(margin=1.5, bbox_net=nets[0], net=nets[1])

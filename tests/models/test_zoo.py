@@ -65,8 +65,8 @@ def test_config_names_a_zoo_model_without_allow_code():
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # published weights: no "random weights" warning
-        model = build_model({"zoo": "deepbet-bbox", "kwargs": {"size": [64, 64, 48]}}, allow_code=False)
-    assert isinstance(model, DeepbetBBox) and model.size == (64, 64, 48)
+        model = build_model({"zoo": "deepbet-bbox", "kwargs": {"size": [64, 64, 96]}}, allow_code=False)
+    assert isinstance(model, DeepbetBBox) and model.size == (64, 64, 96)
     assert model_name({"zoo": "deepbet"}) == "zoo:deepbet"
     with pytest.raises(ConfigError, match=r"`model.zoo`: unknown zoo model 'deepbet_bbox'; did you mean 'deepbet-bbox'"):
         check_model({"zoo": "deepbet_bbox"}, allow_code=False)

@@ -60,7 +60,8 @@ def test_volume_figure_shows_the_three_orthogonal_slices_through_that_voxel():
     case = _volume_case()
     fig = plot_case(case)
     c = (5, 9, 2)
-    axes = np.array(fig.axes[:15]).reshape(3, 5)  # 3 slices x (image, perturbation, clean, attacked, truth)
+    # 3 slices x (clean image, attacked image, perturbation, clean, attacked, truth)
+    axes = np.array(fig.axes).reshape(3, 6)
     vol = case.x[0].numpy()
     delta = case.delta[0].numpy()
     for r, plane in enumerate((vol[c[0]], vol[:, c[1]], vol[:, :, c[2]])):
@@ -69,12 +70,13 @@ def test_volume_figure_shows_the_three_orthogonal_slices_through_that_voxel():
         assert axes[r][0].lines[0].get_xdata()[0] == c[rest[0]]  # the crosshair sits on the voxel
         assert axes[r][0].lines[1].get_ydata()[0] == c[rest[1]]
         assert axes[r][0].get_ylabel() == f"{case.axis_names[r]} = {c[r]}"
-    np.testing.assert_allclose(axes[0][1].images[0].get_array(), delta[c[0]].T)
-    adv_overlay = np.ma.getdata(axes[1][3].images[1].get_array())  # the attacked labels over the image
+    np.testing.assert_allclose(axes[0][2].images[0].get_array(), delta[c[0]].T)
+    np.testing.assert_allclose(axes[0][1].images[0].get_array(), case.x_adv[0, c[0]].numpy().T)  # attacked image
+    adv_overlay = np.ma.getdata(axes[1][4].images[1].get_array())  # the attacked labels over the image
     np.testing.assert_array_equal(adv_overlay, case.adv[:, c[1]].numpy().T)
-    assert [a.get_title() for a in axes[0]][2:] == ["clean prediction", "attacked prediction", "ground truth"]
+    assert [a.get_title() for a in axes[0]][3:] == ["clean prediction", "attacked prediction", "ground truth"]
     lim = float(case.delta.abs().max())
-    assert axes[0][1].images[0].get_clim() == (-lim, lim)  # the perturbation is stretched to its full range
+    assert axes[0][2].images[0].get_clim() == (-lim, lim)  # the perturbation is stretched to its full range
     assert "t\nn" in fig._suptitle.get_text()
 
 
@@ -86,12 +88,13 @@ def test_classification_case_shows_the_probabilities(trained_multiclass):
     cases = make_cases(MultiClass(), t.x, t.x + 0.01, logits, adv_logits, t.y, k=1, class_names=list("ABCD"))
     assert len(cases) == 1 and cases[0].title == "sample 3"
     fig = plot_case(cases[0])
-    assert len(fig.axes) == 4
-    bars = [p.get_width() for p in fig.axes[2].patches]
+    assert len(fig.axes) == 5  # clean image, attacked image, perturbation, clean, attacked
+    bars = [p.get_width() for p in fig.axes[3].patches]
     np.testing.assert_allclose(bars, logits[3].softmax(0).numpy(), rtol=1e-5)  # one bar per class, in order
     pred = "ABCD"[int(logits[3].argmax())]
-    assert fig.axes[2].get_title().endswith(f"→ {pred}")
-    assert fig.axes[0].get_title() == f"image\ntrue: {'ABCD'[int(t.y[3])]}"
+    assert fig.axes[3].get_title().endswith(f"→ {pred}")
+    assert fig.axes[0].get_title().startswith("clean image")
+    assert fig.axes[0].get_title().endswith(f"\ntrue: {'ABCD'[int(t.y[3])]}")
 
 
 def test_select_cases_picks_the_samples_the_attack_changed_most(trained_seg2d):
@@ -102,7 +105,7 @@ def test_select_cases_picks_the_samples_the_attack_changed_most(trained_seg2d):
     assert fractions == sorted(fractions, reverse=True) and fractions[0] > 0
     assert all(c.title.startswith("pgd ε=0.08 · sample ") and "Dice" in c.note for c in cases)
     fig = plot_case(cases[0])
-    assert len(fig.axes) == 5  # image, perturbation, clean, attacked, ground truth
+    assert len(fig.axes) == 6  # clean/attacked image, perturbation, clean, attacked, ground truth
     assert len(fig.legends) == 1 and [t.get_text() for t in fig.legends[0].texts] == ["1", "2"]
 
 
@@ -112,7 +115,7 @@ def test_multilabel_case_and_saliency_pair(trained_multilabel):
     case = make_cases(MultiLabel(), t.x[:4], t.x[:4], logits, -logits, t.y[:4], k=1)[0]
     assert case.note.startswith("label accuracy")
     fig = plot_case(case)
-    assert "positive:" in fig.axes[3].get_title()
+    assert "positive:" in fig.axes[4].get_title()
     pair = SaliencyPair(t.x[:2], t.x[:2] + 0.01, torch.rand(2, 16, 16), torch.rand(2, 16, 16), title="maps")
     assert len(pair.figure().axes) == 2 * 4
 
