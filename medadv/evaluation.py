@@ -818,7 +818,11 @@ def evaluate(
         logged.setdefault(r["sample"], []).append(r)
     done_keys: set[tuple[Any, ...]] = set()
     # each attack's norm ("Linf", "L2"; None: a data box, not an Lp ball): the report checks rows against it
-    results = Results([], meta={"task": repr(task), "norms": {n: _norm_name(a) for n, a in named}, **(meta or {})})
+    # attacks that do not search for the worst case of the task's metric (noise, a volume objective): the
+    # monotonicity check of the masking flags leaves them out
+    off_metric = [n for n, a in named if not getattr(a, "optimises_task_metric", True)]
+    results = Results([], meta={"task": repr(task), "norms": {n: _norm_name(a) for n, a in named},
+                                **({"off_metric": off_metric} if off_metric else {}), **(meta or {})})
     device = model_device(model)
     folders = _attack_folders(named) if save_dir is not None else {}
     source = _Source(data, shard, image_key, label_key)

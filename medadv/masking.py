@@ -459,13 +459,18 @@ def monotone_flags(results: Any, attack: str | None = None, *, column: str | Non
     :func:`~medadv.evaluation.sample_rows` (:func:`headline_columns`: ``adv_correct`` multi-class,
     ``adv_exact_match`` multi-label, ``adv_mean_dice`` segmentation). Each budget's mean is taken over the
     samples present at every budget of that attack (so a partly resumed table compares like with like).
-    Attacks with fewer than two budgets or without the column give no flag.
+    Attacks with fewer than two budgets or without the column give no flag, nor attacks that do not search for
+    the worst case of the task's metric (listed in ``results.meta["off_metric"]`` by :func:`~medadv.evaluate`:
+    noise, a volume objective).
 
     Returns:
         the flags, one per non-monotone attack, with :attr:`MaskingFlag.attack` set and the attack named in
         each message.
     """
     rows = list(getattr(results, "rows", results))
+    meta = getattr(results, "meta", None)
+    # attacks that search nothing or another objective (``Attack.optimises_task_metric``, recorded by evaluate)
+    skip = {_base_name(n) for n in meta.get("off_metric") or ()} if isinstance(meta, dict) else set()
     if attack is not None and not any(r.get("attack") == attack or _base_name(r.get("attack")) == attack
                                       for r in rows):
         names = sorted({str(r.get("attack")) for r in rows})
@@ -478,6 +483,8 @@ def monotone_flags(results: Any, attack: str | None = None, *, column: str | Non
             by_attack.setdefault(_base_name(r.get("attack")), []).append(r)
     flags = []
     for name, group in by_attack.items():
+        if name in skip:
+            continue
         col = column or next((c for c in headline_columns() if any(r.get(c) is not None for r in group)), None)
         if col is None:
             continue

@@ -393,3 +393,24 @@ def test_monotone_flags_join_the_per_budget_entries_of_a_config():
     flags = monotone_flags(Results(rows))
     assert [f.attack for f in flags] == ["auto"] and flags[0].check == "non_monotone"
     assert monotone_flags(Results(rows), "auto") and not monotone_flags(Results(rows[:4]))
+
+
+def test_monotone_check_leaves_out_attacks_that_do_not_search_the_task_metric():
+    # a volume objective or a noise control need not lower Dice as ε grows (the deepbet demo's `volume` attack
+    # grows the brain and raises Dice to the reference): flagging them as masked gradients would be wrong
+    from medadv.attacks import PGD, Noise
+    from medadv.masking import monotone_flags
+    from medadv.results import Results
+    from medadv.tasks import Segmentation
+    from medadv.threats import Linf
+
+    task = Segmentation(2)
+    assert PGD(task, Linf(0.1, bounds=(0, 1))).optimises_task_metric
+    assert not PGD(task, Linf(0.1, bounds=(0, 1)), loss="volume").optimises_task_metric
+    assert not Noise(task, Linf(0.1, bounds=(0, 1))).optimises_task_metric
+    rows = [{"sample": s, "attack": f"{a}@{b}", "budget": b, "adv_mean_dice": d}
+            for a in ("volume", "pgd") for s in range(2) for b, d in ((1.0, 0.5), (2.0, 0.7))]
+    flagged = {f.attack for f in monotone_flags(Results(rows))}
+    assert flagged == {"volume", "pgd"}  # the control: without the declaration both rise and both are flagged
+    kept = {f.attack for f in monotone_flags(Results(rows, meta={"off_metric": ["volume@1", "volume@2"]}))}
+    assert kept == {"pgd"}

@@ -267,6 +267,10 @@ class APGD(IterativeAttack):
     volume_fraction: float | None
     voxel_volume_ml: float
 
+    @property
+    def optimises_task_metric(self) -> bool:
+        return self.loss != "volume"  # the volume loss moves a structure's volume, not the task's metric
+
     def __init__(
         self,
         task: Task,

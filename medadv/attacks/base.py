@@ -273,6 +273,14 @@ class Attack(Configurable, ABC):
             raise ValueError("`y` is on the meta device (no data); materialise it first")
 
     @final
+    @property
+    def optimises_task_metric(self) -> bool:
+        """Whether the attack searches for the worst case of the task's own metric (its loss or a surrogate of
+        it). False for baselines that do not optimise (random noise) and for objectives on something else (a
+        volume): the robust metric of such an attack need not fall as ε grows, so
+        :func:`medadv.masking.monotone_flags` leaves it out."""
+        return True
+
     def __call__(self, model: nn.Module, x: Tensor, y: Tensor | None = None, *, clean_logits: Tensor | None = None,
                  **call_args: Any) -> AttackResult:
         """Attack the batch ``x`` (labels or targets ``y``; ``None``: the clean prediction).

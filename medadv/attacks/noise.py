@@ -57,6 +57,10 @@ class Noise(Attack):
         seed: seed of the noise (same seed, same ``x_adv``); ``None`` uses torch's global RNG.
     """
 
+    @property
+    def optimises_task_metric(self) -> bool:
+        return False  # a baseline: it searches nothing
+
     params: ClassVar[dict[str, Any]] = {
         "sigma": Optional(Real(low=0.0, low_open=True)),
         "distribution": Options("gaussian", "uniform"),
