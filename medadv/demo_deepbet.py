@@ -225,8 +225,8 @@ def write_deepbet_outputs(out: dict[str, Any], folder: str | Path, *, cases: int
     the strongest attack's mask change (attacked again under the same seed: the example the table measured).
     Returns the paths written."""
     from .report import worst_cases, write_html_report, write_report
-    from .safe_io import write_text
     from .report.cases import volume_axis_names
+    from .safe_io import write_text
 
     res: Results = out["results"]
     cfg: DeepbetDemoConfig = out["config"]
