@@ -272,7 +272,6 @@ class Attack(Configurable, ABC):
         if y is not None and y.device.type == "meta":
             raise ValueError("`y` is on the meta device (no data); materialise it first")
 
-    @final
     @property
     def optimises_task_metric(self) -> bool:
         """Whether the attack searches for the worst case of the task's own metric (its loss or a surrogate of
@@ -281,6 +280,7 @@ class Attack(Configurable, ABC):
         :func:`medadv.masking.monotone_flags` leaves it out."""
         return True
 
+    @final
     def __call__(self, model: nn.Module, x: Tensor, y: Tensor | None = None, *, clean_logits: Tensor | None = None,
                  **call_args: Any) -> AttackResult:
         """Attack the batch ``x`` (labels or targets ``y``; ``None``: the clean prediction).
