@@ -24,13 +24,13 @@ from .base import AttackDetails, PerturbOutput, register
 from .engine import EngineOutput, IterativeAttack, StepContext
 from .losses import (
     VOLUME_PARAMS,
-    VolumeObjective,
     balanced_weights,
     cosine_weights,
     js_divergence,
     segpgd_weights,
 )
 from .steps import StepRule
+from .volume_loss import VolumeLoss
 
 __all__ = ["APGD", "APGDDetails", "APGDStep", "apgd_checkpoints", "LOSSES"]
 
@@ -164,7 +164,7 @@ class APGDDetails(AttackDetails):
 
 
 @register("apgd")
-class APGD(IterativeAttack):
+class APGD(VolumeLoss, IterativeAttack):
     """Auto-PGD (Croce & Hein, ICML 2020) on any task: PGD with momentum and a self-tuning step size.
 
     Each run starts at a random point of the ball (AutoAttack's start: a uniform direction scaled to the
@@ -261,15 +261,6 @@ class APGD(IterativeAttack):
     rho: float
     momentum: float
     random_start: bool
-    volume_class: int
-    volume_goal: str | None
-    volume_target: float | None
-    volume_fraction: float | None
-    voxel_volume_ml: float
-
-    @property
-    def optimises_task_metric(self) -> bool:
-        return self.loss != "volume"  # the volume loss moves a structure's volume, not the task's metric
 
     def __init__(
         self,
@@ -296,11 +287,7 @@ class APGD(IterativeAttack):
     ) -> None:
         super().__init__(task, threat, targeted=targeted, seed=seed)
         self._init_params(locals())
-        VolumeObjective.check_unused("APGD", self.loss, self.volume_target, self.volume_fraction)
-        self._volume: VolumeObjective | None = None if self.loss != "volume" else VolumeObjective(
-            task, "APGD", volume_class=self.volume_class, volume_goal=self.volume_goal,
-            volume_target=self.volume_target, volume_fraction=self.volume_fraction,
-            voxel_volume_ml=self.voxel_volume_ml, targeted=self.targeted)
+        self._init_volume("APGD")
         if self.loss == "dlr" and not callable(getattr(task, "dlr", None)):
             raise TypeError(f"`loss='dlr'` of APGD is AutoAttack's multi-class loss and {task!r} has none; "
                             "use loss='margin' (the per-label / per-voxel logit margin) or loss='ce'")
@@ -321,8 +308,8 @@ class APGD(IterativeAttack):
     # --- objective -----------------------------------------------------------------------------------------
     def logits_objective(self, logits: Tensor, ctx: StepContext) -> Tensor:
         y, weight = ctx.y, ctx.state.get("weight")
-        if self._volume is not None:
-            return self._volume(logits, ctx.state)
+        if self._volume is not None:  # VolumeLoss's objective (APGD's own losses branch below)
+            return super().logits_objective(logits, ctx)
         if self.loss in ("margin", "dlr"):
             if self.loss == "margin":
                 value = self.task.margin(logits, y, weight)
@@ -356,6 +343,7 @@ class APGD(IterativeAttack):
 
     # --- engine hooks --------------------------------------------------------------------------------------
     def setup(self, model: nn.Module, ctx: StepContext) -> None:
+        super().setup(model, ctx)  # the volume target (VolumeLoss)
         assert self.threat is not None
         n = ctx.x.shape[0]
         log: dict[str, Tensor] = {"halvings": torch.zeros(n, dtype=torch.long, device=ctx.x.device)}
@@ -369,8 +357,6 @@ class APGD(IterativeAttack):
         if self.loss in ("balanced-ce", "masked-balanced-ce"):
             assert isinstance(self.task, Segmentation)
             ctx.state["balance"] = balanced_weights(self.task, ctx.y)
-        if self._volume is not None:
-            self._volume.setup(lambda x: self.forward(model, x), ctx.state, ctx.x, ctx.clean_logits)
         if isinstance(self.threat, Linf):  # the ball's corners, per sample (they follow the active set)
             ctx.state["ball_lo"] = ctx.x - self.threat.eps
             ctx.state["ball_hi"] = ctx.x + self.threat.eps
@@ -388,17 +374,6 @@ class APGD(IterativeAttack):
         if not weight.is_floating_point() or not bool(torch.isfinite(weight).all()) or bool((weight < 0).any()):
             raise ValueError("`weight` of APGD must hold finite non-negative floats")
         return weight.detach().to(ctx.x.device, ctx.x.dtype)
-
-    def stop(self, logits: Tensor, ctx: StepContext) -> Tensor | None:
-        if self._volume is not None:
-            return None  # the volume has no "done": the task's Dice test would stop a shrinking mask half-way
-        return super().stop(logits, ctx)
-
-    def assess(self, model: nn.Module, v: Tensor, logits: Tensor, objective: Tensor,
-               ctx: StepContext) -> tuple[Tensor, Tensor]:
-        if self._volume is not None:  # the best iterate is the one furthest towards the volume goal
-            return torch.zeros_like(objective, dtype=torch.bool), objective.detach()
-        return super().assess(model, v, logits, objective, ctx)
 
     def starts_at_input(self) -> bool:
         assert self.threat is not None

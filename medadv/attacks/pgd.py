@@ -8,22 +8,19 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import torch
-from torch import Tensor, nn
-
 from ..params import Options
 from ..tasks import Task
 from ..threats import Threat
 from .base import register
-from .engine import StepContext
 from .gradient import GradientAttack
-from .losses import VOLUME_PARAMS, VolumeObjective
+from .losses import VOLUME_PARAMS
+from .volume_loss import VolumeLoss
 
 __all__ = ["PGD"]
 
 
 @register("pgd")
-class PGD(GradientAttack):
+class PGD(VolumeLoss, GradientAttack):
     """Projected gradient descent on the task's per-element loss (uniform weights), or on a clinical endpoint.
 
     Args:
@@ -49,17 +46,6 @@ class PGD(GradientAttack):
     """
 
     params: ClassVar[dict[str, Any]] = {"loss": Options("ce", "volume"), **VOLUME_PARAMS}
-
-    loss: str
-    volume_class: int
-    volume_goal: str | None
-    volume_target: float | None
-    volume_fraction: float | None
-    voxel_volume_ml: float
-
-    @property
-    def optimises_task_metric(self) -> bool:
-        return self.loss != "volume"  # the volume loss moves a structure's volume, not the task's metric
 
     def __init__(
         self,
@@ -87,29 +73,4 @@ class PGD(GradientAttack):
                          restarts=restarts, targeted=targeted, seed=seed, active_set=active_set,
                          check_every=check_every, amp=amp, record_trace=record_trace)
         self._init_params(locals())
-        VolumeObjective.check_unused("PGD", self.loss, self.volume_target, self.volume_fraction)
-        self._volume: VolumeObjective | None = None if self.loss != "volume" else VolumeObjective(
-            task, "PGD", volume_class=self.volume_class, volume_goal=self.volume_goal,
-            volume_target=self.volume_target, volume_fraction=self.volume_fraction,
-            voxel_volume_ml=self.voxel_volume_ml, targeted=self.targeted)
-
-    def setup(self, model: nn.Module, ctx: StepContext) -> None:
-        super().setup(model, ctx)
-        if self._volume is not None:
-            self._volume.setup(lambda x: self.forward(model, x), ctx.state, ctx.x, ctx.clean_logits)
-
-    def logits_objective(self, logits: Tensor, ctx: StepContext) -> Tensor:
-        if self._volume is not None:
-            return self._volume(logits, ctx.state)
-        return super().logits_objective(logits, ctx)
-
-    def stop(self, logits: Tensor, ctx: StepContext) -> Tensor | None:
-        if self._volume is not None:
-            return None  # the volume has no "done": the task's Dice test would stop a shrinking mask half-way
-        return super().stop(logits, ctx)
-
-    def assess(self, model: nn.Module, v: Tensor, logits: Tensor, objective: Tensor,
-               ctx: StepContext) -> tuple[Tensor, Tensor]:
-        if self._volume is not None:  # restarts keep the run furthest towards the volume goal
-            return torch.zeros_like(objective, dtype=torch.bool), objective.detach()
-        return super().assess(model, v, logits, objective, ctx)
+        self._init_volume("PGD")
