@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from medadv.tasks import Segmentation, Task
 
-__all__ = ["check_model", "check_task", "classifier_target", "segmentation_target", "as_tensor", "task_model",
+__all__ = ["check_model", "check_task", "classifier_target", "segmentation_target", "as_tensor",
            "check_first_output"]
 
 
@@ -78,19 +78,12 @@ def segmentation_target(task: Segmentation, y: Tensor, logits: Tensor) -> Tensor
     return y
 
 
-def task_model(task: Task, model: nn.Module) -> nn.Module:
-    """The model as an adapter hands it to its toolkit: :meth:`~medadv.tasks.Task.logits_model` (a task declared
-    ``outputs="probabilities"`` gives the toolkit the logits they come from: ``log p`` for a softmax,
-    ``logit p`` for sigmoids; any other task, ``model`` itself). Every toolkit then computes its loss, gradients,
-    arg-max and margins on logits, as it expects, and no ``apply_softmax``/``preprocessing`` setting changes."""
-    return task.logits_model(model)
-
-
 def check_first_output(owner: Any, task: Task, out: Any) -> None:
     """Refuse probability outputs of a task that does not declare them (:meth:`~medadv.tasks.Task.check_outputs`,
     one line saying to declare ``outputs: probabilities``) on the first model output ``owner`` (an adapter) reads,
     before the toolkit's attack takes a step; later outputs pass unchecked (one host read per adapter, not per
-    step). Declared outputs are trusted (converted by :func:`task_model`)."""
+    step). Declared outputs are trusted (converted by :meth:`~medadv.tasks.Task.logits_model`, which every
+    adapter hands its toolkit: the toolkits compute losses, gradients and margins on logits, as they expect)."""
     if getattr(owner, "_outputs_checked", False) or not isinstance(out, Tensor):
         return
     task.check_outputs(out.detach())

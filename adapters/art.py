@@ -73,7 +73,6 @@ from ._common import (
     check_task,
     classifier_target,
     segmentation_target,
-    task_model,
 )
 from .art_support import (
     EXCLUDED,
@@ -453,7 +452,7 @@ class ARTClassifier(_Guarded, PyTorchClassifier, metaclass=_ClassifierMeta):
     ) -> None:
         check_model(model)
         check_task(task, (MultiLabel, MultiClass), "use ARTSegmenter for Segmentation tasks")
-        model = task_model(task, model)  # declared probabilities: ART gets their logits
+        model = task.logits_model(model)  # declared probabilities: ART gets their logits
         self._allow_large_budgets = _flag(allow_large_budgets, "allow_large_budgets")
         shape = _check_input_shape(input_shape)
         k = _infer_outputs(model, shape) if nb_classes is None else int(nb_classes)
@@ -688,7 +687,7 @@ class ARTSegmenter(_Guarded, PyTorchEstimator, metaclass=_EstimatorMeta):
     ) -> None:
         check_model(model)
         check_task(task, (Segmentation,), "use ARTClassifier for classification tasks")
-        model = task_model(task, model)  # declared probabilities: ART gets their logits (log p)
+        model = task.logits_model(model)  # declared probabilities: ART gets their logits (log p)
         self._allow_large_budgets = _flag(allow_large_budgets, "allow_large_budgets")
         if not channels_first:
             raise ValueError("`channels_first` must be True: PyTorch segmentation models are (N, C, *spatial)")

@@ -65,7 +65,7 @@ from medadv.runtime import attack_mode, model_device
 from medadv.tasks import MultiClass, MultiLabel, Segmentation, Task
 from medadv.threats import check_budget_scale
 
-from ._common import check_first_output, check_model, check_task, task_model
+from ._common import check_first_output, check_model, check_task
 from .foolbox_support import EXCLUDED, SUPPORT, UNIT_BOX_ONLY
 from .support import UnsupportedAttackError, check_supported, task_kind
 
@@ -207,7 +207,7 @@ class TaskModel(fb.PyTorchModel):
         if not isinstance(bounds, (tuple, list)) or len(bounds) != 2 or not float(bounds[0]) < float(bounds[1]):
             raise ValueError(f"`bounds` must be a (lo, hi) pair of numbers with lo < hi, got {bounds!r}")
         # declared probabilities: Foolbox gets their logits (its crossentropy, margins and arg-max expect logits)
-        super().__init__(task_model(task, model), bounds=(float(bounds[0]), float(bounds[1])),
+        super().__init__(task.logits_model(model), bounds=(float(bounds[0]), float(bounds[1])),
                          device=device if device is not None else model_device(model), preprocessing=preprocessing)
         self.module = model
         self.task = task

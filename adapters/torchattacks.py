@@ -61,7 +61,7 @@ from medadv.attacks.base import AttackResult
 from medadv.tasks import MultiClass, MultiLabel, Segmentation, Task
 from medadv.threats import check_budget_scale, per_sample_norm
 
-from ._common import check_first_output, check_model, check_task, task_model
+from ._common import check_first_output, check_model, check_task
 from .support import UnsupportedAttackError, check_supported, task_kind
 from .torchattacks_support import EXCLUDED, MARGIN_VIEW, SUPPORT, Usage, usage_problem
 
@@ -105,7 +105,7 @@ class TorchattacksModel(nn.Module):
             raise ValueError("give both `mean` and `std` or neither")
         self.task = task
         # declared probabilities: torchattacks gets their logits (its cross-entropy and margins expect logits)
-        self.box = UnitBox(task_model(task, model), *bounds)
+        self.box = UnitBox(task.logits_model(model), *bounds)
         self.norm = None if mean is None else _ChannelNorm(mean, std)
         # torchattacks restores the wrapper's flag onto the whole model; set the flags directly, because
         # self.train() would recurse and overwrite the wrapped model's per-submodule modes
