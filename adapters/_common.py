@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from medadv.tasks import Segmentation, Task
+from medadv.tasks import Task, registered_task_classes
 
 __all__ = ["check_model", "check_task", "classifier_target", "segmentation_target", "as_tensor",
            "check_first_output"]
@@ -20,11 +20,19 @@ def check_model(model: Any) -> nn.Module:
     return model
 
 
-def check_task(task: Any, allowed: tuple[type, ...], hint: str = "") -> Task:
-    if not isinstance(task, allowed):
-        names = ", ".join(t.__name__ for t in allowed)
-        raise TypeError(f"`task` must be one of {names}, got {task!r}" + (f"; {hint}" if hint else ""))
-    assert isinstance(task, Task)
+def check_task(task: Any, toolkit: str, forms: tuple[str, ...] | None = None, hint: str = "") -> Task:
+    """``task``, when its kind declares the ``toolkit`` adapter (``traits.toolkits.adapters``) and, with
+    ``forms``, one of those label forms (``traits.labels.label_source``: ``"index"``, ``"vector"``, ``"map"``,
+    ``"values"``); else a ``TypeError`` naming the registered kinds that fit (the kinds declare it: no class list
+    here, so a new kind that declares the toolkit is taken)."""
+
+    def fits(traits: Any) -> bool:
+        return toolkit in traits.toolkits.adapters and (forms is None or traits.labels.label_source in forms)
+
+    if not isinstance(task, Task) or not fits(task.traits):
+        names = ", ".join(c.name for c in registered_task_classes() if fits(c.traits))
+        raise TypeError(f"`task` must be a task of a kind the {toolkit} adapter takes ({names}), got {task!r}"
+                        + (f"; {hint}" if hint else ""))
     return task
 
 
@@ -52,10 +60,10 @@ def classifier_target(task: Task, y: Tensor, logits: Tensor) -> Tensor:
         if y.ndim == 2:
             return y.argmax(dim=1)
         return y.long()
-    raise TypeError(f"expected a MultiClass or MultiLabel task, got {task!r}")
+    raise TypeError(f"expected a classification task (labels: class indices or 0/1 vectors), got {task!r}")
 
 
-def segmentation_target(task: Segmentation, y: Tensor, logits: Tensor) -> Tensor:
+def segmentation_target(task: Task, y: Tensor, logits: Tensor) -> Tensor:
     """A label map ``(N, *spatial)`` from either a label map or a per-class score map ``(N, C, *spatial)``.
 
     Toolkits that attack with ``y=None`` pass the model's own output as the label (ART does), so a score

@@ -63,7 +63,7 @@ from art.estimators.pytorch import PyTorchEstimator
 from torch import Tensor, nn
 
 from medadv.runtime import model_device
-from medadv.tasks import MultiClass, MultiLabel, Segmentation, Task
+from medadv.tasks import Task
 from medadv.threats import check_budget_scale
 
 from ._common import (
@@ -440,7 +440,7 @@ class ARTClassifier(_Guarded, PyTorchClassifier, metaclass=_ClassifierMeta):
     def __init__(
         self,
         model: nn.Module,
-        task: MultiLabel | MultiClass,
+        task: Task,
         input_shape: Sequence[int],
         *,
         clip_values: tuple[float, float] | None,
@@ -451,7 +451,7 @@ class ARTClassifier(_Guarded, PyTorchClassifier, metaclass=_ClassifierMeta):
         **kwargs: Any,
     ) -> None:
         check_model(model)
-        check_task(task, (MultiLabel, MultiClass), "use ARTSegmenter for Segmentation tasks")
+        check_task(task, "art", ("index", "vector"), "use ARTSegmenter for segmentation tasks")
         model = task.logits_model(model)  # declared probabilities: ART gets their logits
         self._allow_large_budgets = _flag(allow_large_budgets, "allow_large_budgets")
         shape = _check_input_shape(input_shape)
@@ -588,8 +588,8 @@ class LabelPowersetClassifier(_Guarded, BlackBoxClassifier, metaclass=_Classifie
     """
 
     def __init__(self, classifier: ARTClassifier) -> None:
-        if not isinstance(classifier, ARTClassifier) or not isinstance(classifier.task, MultiLabel):
-            raise TypeError("`classifier` must be an ARTClassifier with a MultiLabel task")
+        if not isinstance(classifier, ARTClassifier) or classifier.task.label_source != "vector":
+            raise TypeError("`classifier` must be an ARTClassifier with a multi-label task (0/1 label vectors)")
         k = classifier.nb_classes
         if k > _MAX_POWERSET_LABELS:
             raise ValueError(f"label_powerset() takes at most {_MAX_POWERSET_LABELS} labels (2**K classes), the "
@@ -674,7 +674,7 @@ class ARTSegmenter(_Guarded, PyTorchEstimator, metaclass=_EstimatorMeta):
     def __init__(
         self,
         model: nn.Module,
-        task: Segmentation,
+        task: Task,
         input_shape: Sequence[int],
         *,
         clip_values: tuple[float, float] | None,
@@ -686,7 +686,7 @@ class ARTSegmenter(_Guarded, PyTorchEstimator, metaclass=_EstimatorMeta):
         **kwargs: Any,
     ) -> None:
         check_model(model)
-        check_task(task, (Segmentation,), "use ARTClassifier for classification tasks")
+        check_task(task, "art", ("map",), "use ARTClassifier for classification tasks")
         model = task.logits_model(model)  # declared probabilities: ART gets their logits (log p)
         self._allow_large_budgets = _flag(allow_large_budgets, "allow_large_budgets")
         if not channels_first:
@@ -696,7 +696,8 @@ class ARTSegmenter(_Guarded, PyTorchEstimator, metaclass=_EstimatorMeta):
             raise ValueError(f"`input_shape` must be (C, H, W) or (C, D, H, W) for segmentation, got {shape}")
         self._kind = task_kind(task, len(shape) - 1)
         self._input_shape = shape
-        self._nb_classes = task.num_classes
+        seg: Any = task  # a label-map kind (checked above): it has classes
+        self._nb_classes = int(seg.num_classes)
         super().__init__(model=model, clip_values=clip_values, channels_first=True, preprocessing=preprocessing,
                          device_type=device_type or _device_type(model), **kwargs)
         self._device = model_device(model)

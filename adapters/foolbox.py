@@ -62,7 +62,7 @@ from foolbox.attacks.base import Repeated, verify_input_bounds
 from torch import Tensor, nn
 
 from medadv.runtime import attack_mode, model_device
-from medadv.tasks import MultiClass, MultiLabel, Segmentation, Task
+from medadv.tasks import Task, get_task
 from medadv.threats import check_budget_scale
 
 from ._common import check_first_output, check_model, check_task
@@ -203,7 +203,7 @@ class TaskModel(fb.PyTorchModel):
         check_model(model)
         if not isinstance(allow_large_budgets, bool):
             raise TypeError(f"`allow_large_budgets` must be True or False, got {allow_large_budgets!r}")
-        check_task(task, (MultiClass, MultiLabel, Segmentation))
+        check_task(task, "foolbox")
         if not isinstance(bounds, (tuple, list)) or len(bounds) != 2 or not float(bounds[0]) < float(bounds[1]):
             raise ValueError(f"`bounds` must be a (lo, hi) pair of numbers with lo < hi, got {bounds!r}")
         # declared probabilities: Foolbox gets their logits (its crossentropy, margins and arg-max expect logits)
@@ -362,7 +362,7 @@ class MultiLabelMisclassification(fb.criteria.Misclassification):
     """
 
     def __init__(self, labels: Tensor, threshold: float = 0.5) -> None:
-        self.task = MultiLabel(threshold)
+        self.task = get_task("multilabel", threshold=threshold)
         super().__init__(_check_labels(self.task, labels, "labels").float())
 
     def __call__(self, perturbed: Any, outputs: Any) -> Any:
@@ -374,7 +374,7 @@ class TargetedMultiLabel(fb.criteria.TargetedMisclassification):
     """Adversarial when every label's thresholded prediction equals the target vector ``(N, L)``."""
 
     def __init__(self, target_classes: Tensor, threshold: float = 0.5) -> None:
-        self.task = MultiLabel(threshold)
+        self.task = get_task("multilabel", threshold=threshold)
         super().__init__(_check_labels(self.task, target_classes, "target_classes").float())
 
     def __call__(self, perturbed: Any, outputs: Any) -> Any:
@@ -393,13 +393,13 @@ class SegmentationMisclassification(fb.criteria.Misclassification):
             ``dice_threshold``.
     """
 
-    def __init__(self, labels: Tensor, task: Segmentation, metric: str = "dice", threshold: float | None = None):
-        check_task(task, (Segmentation,))
+    def __init__(self, labels: Tensor, task: Task, metric: str = "dice", threshold: float | None = None):
+        seg: Any = check_task(task, "foolbox", ("map",))  # a label-map kind: its `dice_threshold`
         if metric not in ("dice", "pixel_accuracy"):
             raise ValueError(f"`metric` must be 'dice' or 'pixel_accuracy', got {metric!r}")
-        self.task, self.metric = task, metric
-        self.threshold = task.dice_threshold if threshold is None else float(threshold)
-        super().__init__(_check_labels(task, labels, "labels"))
+        self.task, self.metric = seg, metric
+        self.threshold = seg.dice_threshold if threshold is None else float(threshold)
+        super().__init__(_check_labels(seg, labels, "labels"))
 
     def __call__(self, perturbed: Any, outputs: Any) -> Any:
         out, restore = ep.astensor_(outputs)
@@ -417,10 +417,10 @@ class TargetedSegmentation(fb.criteria.TargetedMisclassification):
         fraction: required fraction of voxels at the target; default the task's ``target_fraction``.
     """
 
-    def __init__(self, target_classes: Tensor, task: Segmentation, fraction: float | None = None) -> None:
-        check_task(task, (Segmentation,))
-        self.task = task
-        self.fraction = task.target_fraction if fraction is None else float(fraction)
+    def __init__(self, target_classes: Tensor, task: Task, fraction: float | None = None) -> None:
+        seg: Any = check_task(task, "foolbox", ("map",))  # a label-map kind: its `target_fraction`
+        self.task = seg
+        self.fraction = seg.target_fraction if fraction is None else float(fraction)
         if not 0.0 < self.fraction <= 1.0:
             raise ValueError(f"`fraction` must be in (0, 1], got {fraction}")
         super().__init__(_check_labels(task, target_classes, "target_classes"))
@@ -446,7 +446,8 @@ def criterion(task: Task, y: Tensor, targeted: bool = False) -> fb.criteria.Crit
         return TargetedSegmentation(y, task) if targeted else SegmentationMisclassification(y, task)  # type: ignore[arg-type]
     if form == "index":
         return fb.criteria.TargetedMisclassification(y) if targeted else fb.criteria.Misclassification(y)
-    raise TypeError(f"`task` must be MultiClass, MultiLabel or Segmentation, got {task!r}")
+    raise TypeError(f"`task` must be a kind whose labels are class indices, 0/1 vectors or label maps "
+                    f"(traits.labels.label_source), got {task!r}")
 
 
 class _TaskLoss:

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from medadv.models.io import CheckpointError, mismatch_lines, parse_load_error, read_checkpoint
-from medadv.tasks import MultiClass
+from medadv.tasks import Task, get_task
 
 __all__ = [
     "ZooModel", "import_robustbench", "zoo_checkpoint_paths", "load_zoo_model", "save_zoo_checkpoint",
@@ -75,7 +75,7 @@ class ZooModel:
     """A RobustBench zoo model as a medadv classifier: inputs in ``bounds`` (RobustBench uses [0, 1])."""
 
     model: nn.Module
-    task: MultiClass
+    task: Task
     bounds: tuple[float, float]
     name: str
     dataset: str
@@ -149,7 +149,7 @@ def load_zoo_model(name: str, model_dir: str | os.PathLike, dataset: str = "cifa
         model = load_model(name, model_dir=str(model_dir), dataset=ds, threat_model=tm).eval()
     except Exception as e:
         raise _zoo_load_error(e, name, f"{ds.value}/{tm.value}", paths) from None
-    return ZooModel(model=model, task=MultiClass(), bounds=(0.0, 1.0), name=name, dataset=ds.value,
+    return ZooModel(model=model, task=get_task("multiclass"), bounds=(0.0, 1.0), name=name, dataset=ds.value,
                     threat_model=tm.value, num_classes=int(DATASET_CLASSES[BenchmarkDataset(ds.value)]))
 
 

@@ -17,16 +17,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from medadv.tasks import Task
+from medadv.tasks import Task, registered_task_classes
 
 __all__ = ["TASK_KINDS", "Cell", "ok", "refused", "UnsupportedAttackError", "task_kind", "check_supported",
            "counts", "render_markdown", "toolkit_tables", "readme_section", "README_BEGIN", "README_END"]
 
 README_BEGIN, README_END = "<!-- support-matrix:begin -->", "<!-- support-matrix:end -->"
 
-#: The task kinds of the support matrix, in column order.
-TASK_KINDS: tuple[str, ...] = ("multiclass", "multilabel", "seg2d", "seg3d")
-_TITLES = {"multiclass": "multi-class", "multilabel": "multi-label", "seg2d": "2-D seg", "seg3d": "3-D seg"}
+#: column → title of every support-matrix column the registered kinds declare (``traits.toolkits.support_columns``),
+#: in registration order
+_TITLES: dict[str, str] = {col: title for cls in registered_task_classes()
+                           for col, title in cls.traits.toolkits.support_columns.items()}
+#: The task kinds of the support matrix, in column order (declared by the kinds: ``multiclass``, ``multilabel``,
+#: ``seg2d``, ``seg3d`` for the built-in ones).
+TASK_KINDS: tuple[str, ...] = tuple(_TITLES)
 
 
 @dataclass(frozen=True)

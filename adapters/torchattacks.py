@@ -48,7 +48,7 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, cast
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -58,7 +58,7 @@ from torch import Tensor, nn
 from medadv.attacks.autoattack import UnitBox
 from medadv.attacks.base import Attack as MedadvBase
 from medadv.attacks.base import AttackResult
-from medadv.tasks import MultiClass, MultiLabel, Segmentation, Task
+from medadv.tasks import Task
 from medadv.threats import check_budget_scale, per_sample_norm
 
 from ._common import check_first_output, check_model, check_task
@@ -98,7 +98,7 @@ class TorchattacksModel(nn.Module):
         if not isinstance(allow_large_budgets, bool):
             raise TypeError(f"`allow_large_budgets` must be True or False, got {allow_large_budgets!r}")
         self.allow_large_budgets = allow_large_budgets
-        check_task(task, (MultiClass, MultiLabel, Segmentation))
+        check_task(task, "torchattacks")
         if not isinstance(bounds, (tuple, list)) or len(bounds) != 2:
             raise TypeError(f"`bounds` must be a (lo, hi) pair, got {bounds!r}")
         if (mean is None) != (std is None):
@@ -478,7 +478,7 @@ class _Run:
     targeted: bool
 
 
-def _task_margin(task: Task, z: Tensor, ref: Tensor, targeted: bool) -> Tensor:
+def _task_margin(task: Any, z: Tensor, ref: Tensor, targeted: bool) -> Tensor:
     """Per sample: > 0 while the task's own test says "not fooled" (untargeted) / "target reached" (targeted).
 
     Multi-label: the smallest per-label margin against ``ref`` (labels or target): negative exactly when a
@@ -490,7 +490,6 @@ def _task_margin(task: Task, z: Tensor, ref: Tensor, targeted: bool) -> Tensor:
     if task.label_source == "vector":
         return task.element_margin(z, ref).min(dim=1).values
     assert task.label_source == "map", task  # the support table admits label maps and multi-hot vectors here
-    task = cast(Segmentation, task)
     p = z.float().softmax(dim=1)
     mask = task.valid_mask(ref)
     if targeted:

@@ -56,13 +56,15 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("AdversarialTrainer", "PGDAT", "MPAdvT", "MAAdvT", "TRADES", "VAFT"), "medadv.defenses"),
     "evaluate": "medadv.evaluation",
     "Results": "medadv.results",
+    **dict.fromkeys(("Plan", "Run"), "medadv.run"),
+    **dict.fromkeys(("AttackCache", "attack_once"), "medadv.attack_cache"),
 }
 
 # subpackages and modules reachable as attributes (``medadv.data``) before anyone imported them
 _SUBMODULES = frozenset({
     "adapters", "attacks", "certify", "cli", "config", "data", "dct", "defenses", "demo", "evaluation", "explain",
     "frequency", "masking", "metrics", "models", "params", "report", "results", "runtime", "tasks", "testing",
-    "studies", "threats", "training", "distributed",
+    "studies", "threats", "training", "distributed", "run", "attack_cache", "fingerprints",
 })
 
 __all__ = [
@@ -72,7 +74,7 @@ __all__ = [
     "AutoAttack", "AutoEvaluation", "Square", "DeepFool", "JSMA", "Noise", "DAG", "VAFA", "VAFA2D", "GAP", "GAPTrainer", "SaliencyRelevance", "SaliencyResistance",
     "available_attacks", "get_attack", "available_tasks", "get_task", "register_task",
     "AdversarialTrainer", "PGDAT", "MPAdvT", "MAAdvT", "TRADES", "VAFT",
-    "evaluate", "Results",
+    "evaluate", "Results", "Plan", "Run", "AttackCache", "attack_once",
     "data", "defenses", "explain", "metrics", "models",
 ]
 
@@ -95,6 +97,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # the eager imports, for type checkers and IDEs only
     from . import data, defenses, explain, metrics, models
+    from .attack_cache import AttackCache, attack_once
     from .attacks.apgd import APGD
     from .attacks.auto import AutoEvaluation
     from .attacks.autoattack import AutoAttack
@@ -114,6 +117,7 @@ if TYPE_CHECKING:  # the eager imports, for type checkers and IDEs only
     from .defenses import PGDAT, TRADES, VAFT, AdversarialTrainer, MAAdvT, MPAdvT
     from .evaluation import evaluate
     from .results import Results
+    from .run import Plan, Run
     from .tasks import (
         MultiClass,
         MultiLabel,

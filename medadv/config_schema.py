@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping, Sequence
-from fractions import Fraction
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -26,95 +25,49 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
-    ModelWrapValidatorHandler,
+    SerializerFunctionWrapHandler,
     Strict,
     Tag,
     TypeAdapter,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic_core import PydanticCustomError
 
-from .params import InvalidParameterError, closest
+from .schema_base import (
+    FLOAT32_MAX,
+    Bool,
+    Budget,
+    ClassNames,
+    ConfigError,
+    CsvData,
+    DatalistData,
+    FilesData,
+    Int,
+    Number,
+    PairRule,
+    Spacing,
+    TransformEntry,
+    _given,
+    _option,
+    _pick,
+    _Section,
+    parse_budget,
+)
+from .schema_base import (
+    task_schema_from_signature as _schema_from_signature,
+)
 from .threats import MAX_BUDGET_FRACTION
 
-__all__ = ["ConfigError", "Config", "AttackPlan", "AttackEntry", "ModelSection", "TrainSection", "ReportSection", "entry_label", "MODEL_KINDS", "TaskSection", "DataSection",
+__all__ = ["ConfigError", "MultiClassTask", "MultiLabelTask", "SegmentationTask", "task_schema_from_signature", "PairRule",
+           "FLOAT32_MAX", "Budget", "Int", "Bool", "Number", "Spacing", "ClassNames", "Config", "AttackPlan", "AttackEntry", "ModelSection", "TrainSection", "ReportSection", "entry_label", "MODEL_KINDS", "TaskSection", "DataSection",
            "DATA_SOURCES", "FILE_SOURCES", "TransformEntry", "FilesData", "DatalistData", "CsvData", "InferenceSection",
            "ThreatSection", "MAX_BUDGET_FRACTION", "parse_budget", "validate_config", "validate_section", "format_errors"]
 
 
-class ConfigError(InvalidParameterError):
-    """A config that does not fit the schema; ``messages`` holds one line per mistake."""
-
-    def __init__(self, messages: Sequence[str]) -> None:
-        self.messages = list(messages)
-        super().__init__("\n".join(self.messages))
-
-
-# --- value types --------------------------------------------------------------------------------------------------
-def parse_budget(value: Any) -> float:
-    """A budget in data units: a number, or text such as ``8/255``, ``'4/255'`` or ``0.03``; finite, >= 0."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise PydanticCustomError("budget", "must be a number or a fraction such as 8/255; got {given}",
-                                  {"given": _given(value)})
-    if isinstance(value, str):
-        try:
-            # Fraction parses "8/255" exactly; float() of it is the correctly rounded 8/255
-            out = float(Fraction(value.replace(" ", "")))
-        except (ValueError, ZeroDivisionError, OverflowError):  # OverflowError: text such as 1e400
-            raise PydanticCustomError("budget", "must be a number or a fraction such as 8/255; got {given}",
-                                      {"given": _given(value)}) from None
-    else:
-        out = float(value)
-    if not math.isfinite(out) or out < 0:
-        raise PydanticCustomError("budget", "must be a finite number >= 0; got {given}", {"given": _given(value)})
-    if out > FLOAT32_MAX:  # a perturbation of 1e308 overflows the float32 inputs it is added to
-        raise PydanticCustomError("budget", "must be at most 3.4e38 (the largest float32: inputs are attacked in "
-                                  "float32); got {given}", {"given": _given(value)})
-    return out
-
-
-#: the largest float32: budgets and bounds beyond it overflow the inputs they apply to
-FLOAT32_MAX = 3.4028234663852886e38
-
-
-def _pick(value: Any, options: tuple[str, ...], aliases: Mapping[str, str], field: str = "") -> str:
-    """Case-insensitive choice among ``options`` (plus ``aliases``) with a did-you-mean when wrong."""
-    table = {**{o: o for o in options}, **aliases}
-    if isinstance(value, str) and value.lower() in table:
-        return table[value.lower()]
-    hint = ""
-    if isinstance(value, str) and (c := closest(value, table)) is not None:
-        hint = f"; did you mean {table[c]!r}?"
-    raise PydanticCustomError("option", "must be one of {listed}; got {given}{hint}",
-                              {"listed": ", ".join(repr(o) for o in options), "given": _given(value),
-                               "hint": hint, "field": field})
-
-
-def _option(options: tuple[str, ...]) -> BeforeValidator:
-    return BeforeValidator(lambda v: _pick(v, options, {}))
-
-
-Budget = Annotated[float, BeforeValidator(parse_budget)]
-Int = Annotated[int, Strict()]
-Bool = Annotated[bool, Strict()]
-Number = Annotated[float, Strict()]  # ints are numbers too; strings are not
-Spacing = Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]  # a voxel's size: finite, > 0
-
-
-def _distinct_names(value: list[str]) -> list[str]:
-    seen: set[str] = set()
-    twice = [v for v in value if v in seen or seen.add(v)]  # type: ignore[func-returns-value]
-    if twice:
-        raise PydanticCustomError("class_names", "names a class twice: '{name}'", {"name": twice[0]})
-    return value
-
-
-#: names of the classes / labels, shown in the report instead of indices (``[background, liver, tumour]``)
-ClassNames = Annotated[list[Annotated[str, Strict(), Field(min_length=1)]], Field(min_length=1),
-                       AfterValidator(_distinct_names)]
-
+# --- value types (defined in medadv.schema_base, below the rooms that validate with them; re-exported) -----------
 def _task_types() -> tuple[str, ...]:
     from .tasks import available_tasks
 
@@ -130,42 +83,6 @@ FILE_SOURCES = ("files", "datalist", "csv")  # read through MONAI transforms, st
 
 
 # --- sections ------------------------------------------------------------------------------------------------------
-class _Section(BaseModel):
-    """A mapping that refuses undeclared keys, naming the closest declared one."""
-
-    model_config = ConfigDict(extra="forbid", validate_default=False)
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _known_keys(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
-        if not isinstance(data, Mapping) or all(k in cls.model_fields for k in data):
-            return handler(data)
-        valid = list(cls.model_fields)
-        errors: list[InitErrorDetails] = []
-        meant: set[str] = set()
-        for key in data:
-            if key not in cls.model_fields:
-                c = closest(str(key), valid)
-                if c:
-                    meant.add(c)
-                errors.append(InitErrorDetails(type=PydanticCustomError(
-                    "unknown_key", "unknown key `{key}`{hint} (valid keys: {valid})",
-                    {"key": _clip(str(key)), "hint": f"; did you mean `{c}`?" if c else "", "valid": ", ".join(valid)}),
-                    loc=(), input=data))
-        # the known keys are checked too, so that every mistake is reported at once
-        try:
-            handler({k: v for k, v in data.items() if k in cls.model_fields})
-        except ValidationError as e:
-            errors += [InitErrorDetails(type=PydanticCustomError(err["type"], err["msg"], err.get("ctx")),
-                                        loc=err["loc"], input=err["input"])
-                       for err in e.errors(include_url=False)
-                       # `bulder: x` is one mistake: not also "`builder` is required"
-                       if not (err["type"] == "missing" and tuple(err["loc"]) in {(m,) for m in meant})
-                       and not (err["type"] == "one_of"
-                                and meant & set((err.get("ctx") or {}).get("options", "").split(",")))]
-        raise ValidationError.from_exception_data(cls.__name__, errors)
-
-
 class ModelSection(_Section):
     """The network: exactly one of ``builder``, ``monai``, ``torchvision``, ``torchscript``, ``zoo``; then weights.
 
@@ -220,37 +137,9 @@ class ModelSection(_Section):
         raise AssertionError("validated: one network is given")
 
 
-class MultiClassTask(_Section):
-    type: Literal["multiclass"]
-    outputs: Annotated[str, _option(("logits", "probabilities"))] | None = None  # Task.outputs
-    class_names: ClassNames | None = None  # one per model output, in output order (report only)
-
-
-class MultiLabelTask(_Section):
-    type: Literal["multilabel"]
-    threshold: Number = Field(0.5, gt=0.0, lt=1.0)
-    outputs: Annotated[str, _option(("logits", "probabilities"))] | None = None  # Task.outputs
-    class_names: ClassNames | None = None  # one per label, in output order (default: a CSV's label columns)
-
-
-class SegmentationTask(_Section):
-    type: Literal["segmentation"]
-    num_classes: Int = Field(ge=2)
-    include_background: Bool = False
-    ignore_index: Int | None = None
-    loss: Annotated[str, _option(("ce", "dice", "dicece"))] = "ce"
-    dice_threshold: Number = Field(0.5, ge=0.0, le=1.0)
-    target_fraction: Number = Field(0.99, ge=0.0, le=1.0)
-    squared_pred: Bool = False
-    outputs: Annotated[str, _option(("logits", "probabilities"))] | None = None  # Task.outputs
-    class_names: ClassNames | None = None  # num_classes names, background (class 0) first (report only)
-
-    @model_validator(mode="after")
-    def _one_name_per_class(self) -> SegmentationTask:
-        if self.class_names is not None and len(self.class_names) != self.num_classes:
-            raise PydanticCustomError("class_names", "lists {n} `class_names` for num_classes = {k} (one name "
-                                      "per class, background first)", {"n": len(self.class_names), "k": self.num_classes})
-        return self
+# the built-in kinds' `task:` sections live with the kinds (Task.config_schema); re-exported here
+from .tasks.classification import MultiClassTask, MultiLabelTask  # noqa: E402
+from .tasks.segmentation import SegmentationTask  # noqa: E402
 
 
 class Mni152Data(_Section):
@@ -269,112 +158,6 @@ class NpzData(_Section):
     source: Literal["npz"]
     path: str = Field(min_length=1)
     n: Int | None = Field(None, ge=1)  # the first n cases; all when absent
-
-
-class TransformEntry(BaseModel):
-    """One MONAI dictionary transform by class name with its arguments: ``{name: Spacingd, pixdim: [2, 2, 2]}``
-    or a bare ``EnsureChannelFirstd``. The name is checked here (with the closest MONAI transform when it is
-    not one); the arguments are checked against the class's signature by :func:`medadv.config.check_data`."""
-
-    model_config = ConfigDict(extra="allow")
-    name: str = Field(min_length=1)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _bare_name(cls, data: Any) -> Any:
-        if isinstance(data, str):  # `- EnsureChannelFirstd` is `- {name: EnsureChannelFirstd}`
-            return {"name": data}
-        if isinstance(data, Mapping) and not data.get("name"):
-            raise PydanticCustomError("transform", "each entry of `transforms` needs the `name` of a MONAI "
-                                      "transform, e.g. {example}; got {given}",
-                                      {"given": _given(dict(data)), "example": "{name: Spacingd, pixdim: [1, 1, 1]}"})
-        return data
-
-    @model_validator(mode="after")
-    def _monai_name(self) -> TransformEntry:
-        from .data.sources import transform_name_error  # imports monai.transforms: only when one is named
-
-        problem = transform_name_error(self.name)
-        if problem:
-            raise PydanticCustomError("transform", "{problem}", {"problem": problem})
-        return self
-
-    def args(self) -> dict[str, Any]:
-        """The transform's keyword arguments (every key but ``name``)."""
-        return dict(self.model_extra or {})
-
-
-class _FileData(_Section):
-    """What the file sources share: MONAI ``transforms``, the first ``n`` cases, DataLoader workers."""
-
-    transforms: list[TransformEntry] | None = None
-    n: Int | None = Field(None, ge=1)  # the first n cases; all when absent
-    num_workers: Int = Field(0, ge=0)
-
-
-def _path_list(value: Any) -> Any:
-    items = value if isinstance(value, list) else [value]
-    if value is not None and (not items or any(not isinstance(v, str) or not v for v in items)):
-        raise PydanticCustomError("paths", "must be a path or a glob, or a non-empty list of them; got {given}",
-                                  {"given": _given(value)})
-    return value
-
-
-def _id_template(value: Any) -> Any:
-    if isinstance(value, str) and value.count("{id}") != 1:
-        raise PydanticCustomError("pair", "must contain {id} once (the part of the name an image and its label "
-                                  "share), e.g. '{id}_seg'; got {given}", {"given": _given(value)})
-    return value
-
-
-class PairRule(_Section):
-    """``data.pair``: how image and label files pair (:mod:`medadv.data.sources`): the end of each path,
-    suffixes (``.nii.gz``, ``.png`` ...) removed, matches the template, and ``{id}`` is the same for both:
-    ``{image: "{id}_0000", label: "{id}"}`` (nnU-Net), ``{image: "{id}_t1", label: "{id}_seg"}`` (BraTS)."""
-
-    image: Annotated[str, BeforeValidator(_id_template)] = "{id}"
-    label: Annotated[str, BeforeValidator(_id_template)] = "{id}"
-
-
-class FilesData(_FileData):
-    """Image files (and label maps): each a path or a glob, relative to the config's folder. NIfTI, DICOM
-    series folders, PNG/JPEG, NumPy; paired with ``labels`` by the ``pair`` rule (default: the same file name,
-    suffixes aside)."""
-
-    source: Literal["files"]
-    images: Annotated[str | list[str], BeforeValidator(_path_list)]
-    labels: Annotated[str | list[str] | None, BeforeValidator(_path_list)] = None
-    pair: PairRule = PairRule()
-
-
-class DatalistData(_FileData):
-    """A MONAI (Medical Segmentation Decathlon) datalist JSON: ``{"validation": [{"image": ..., "label": ...}]}``."""
-
-    source: Literal["datalist"]
-    path: str = Field(min_length=1)
-    key: str = Field("validation", min_length=1)
-    base_dir: str | None = Field(None, min_length=1)  # image paths are relative to it; default: the JSON's folder
-
-
-class CsvData(_FileData):
-    """A CSV of image paths (relative to the CSV's folder) and labels: ``label_columns`` hold 0/1 per label
-    (multi-label; default: every column but the image and id columns), or ``label_column`` one class index; for a
-    task kind that reads numbers (``label_source = "values"``: regression) the label column(s) hold real values,
-    one target per column."""
-
-    source: Literal["csv"]
-    path: str = Field(min_length=1)
-    image_column: str = Field("image", min_length=1)
-    label_columns: Annotated[list[str], Field(min_length=1)] | None = None
-    label_column: str | None = Field(None, min_length=1)
-    id_column: str | None = Field(None, min_length=1)
-
-    @model_validator(mode="after")
-    def _one_label_kind(self) -> CsvData:
-        if self.label_columns is not None and self.label_column is not None:
-            raise PydanticCustomError("one_of", "give `label_columns` (multi-label, 0/1 each) or `label_column` "
-                                      "(one class index), not both", {"options": ""})
-        return self
 
 
 def _roi_size(value: Any) -> Any:
@@ -415,14 +198,16 @@ class ThreatSection(_Section):
 
 
 #: an L∞ budget above this fraction of the data range (``hi - lo``) is refused unless ``allow_large_budgets``
-def _check_budget_scale(threat: ThreatSection, budgets: Sequence[float] | None, allow: bool) -> None:
+def _check_budget_scale(threat: ThreatSection, budgets: Sequence[float] | None, allow: bool,
+                        norm: str | None = None) -> None:
     """Refuse an L∞ budget larger than :data:`MAX_BUDGET_FRACTION` of the data range (the rule of
     :func:`medadv.threats.check_budget_scale`, said here as a config error naming the key): a budget in the wrong units
     (``8`` meant as 8/255 on data in [0, 1]) makes the ball the whole box, and its results mean nothing.
 
-    Not for L2 (its norm sums over every element, so no single element's range bounds it) nor unbounded data.
+    ``norm`` is the ball's norm when it is not ``threat.norm`` (an ``attacks`` entry's own ``norm:``). Not for L2 (its
+    norm sums over every element, so no single element's range bounds it) nor unbounded data.
     """
-    if allow or threat.bounds is None or threat.norm != "linf":
+    if allow or threat.bounds is None or (norm or threat.norm) != "linf":
         return
     lo, hi = threat.bounds
     given = [(f"budgets[{i}]", b) for i, b in enumerate(budgets or ())]
@@ -436,11 +221,51 @@ def _check_budget_scale(threat: ThreatSection, budgets: Sequence[float] | None, 
                 "if you mean it", {"where": where, "eps": f"{eps:g}", "lo": f"{lo:g}", "hi": f"{hi:g}"})
 
 
+def _attack_param_names(name: str) -> tuple[str, ...]:
+    """The parameters the registered attack ``name`` declares; ``()`` for an unknown name (refused, with the closest
+    valid one, when the attacks are built)."""
+    from .attacks.base import attack_class
+    from .params import InvalidParameterError
+
+    try:
+        return tuple(attack_class(name).param_names())
+    except InvalidParameterError:
+        return ()
+
+
+def _check_attack_budgets(threat: ThreatSection, budgets: Sequence[float] | None, entries: Sequence[AttackEntry],
+                          allow: bool) -> None:
+    """:func:`_check_budget_scale` on the config's budgets and on every ``attacks`` entry, each entry under the norm
+    of its own ball (its ``norm:``, else the threat's): an entry of another norm and no budgets of its own runs the
+    config's budgets in its own norm."""
+    _check_budget_scale(threat, budgets, allow)
+    for entry in entries:
+        norm = entry.threat_norm(_attack_param_names(entry.name)) if entry.norm is not None else None
+        if entry.budgets is not None:
+            _check_budget_scale(threat, entry.budgets, allow, norm)
+        elif norm is not None and norm != threat.norm:
+            _check_budget_scale(threat, budgets, allow, norm)
+
+
+def _dump_without_unset(handler: SerializerFunctionWrapHandler, value: BaseModel, keys: tuple[str, ...]) -> Any:
+    """``value`` dumped by ``handler`` without the keys of ``keys`` that are ``None``: optional keys added after configs
+    were first dumped leave the dump, and so the config's fingerprint and the trained-weights cache keys, as they
+    were when they are not given."""
+    out = handler(value)
+    if isinstance(out, dict):
+        for key in keys:
+            if out.get(key, 0) is None:
+                del out[key]
+    return out
+
+
 class AttackEntry(BaseModel):
     """``{name: pgd, id: pgd-50, steps: 50}`` or a bare ``pgd``; the other keys are the attack's
     parameters, checked by its declarations when it is built. ``id`` names the entry (``label`` too, for
     attacks that have no ``label`` parameter of their own: for the saliency attacks ``label`` is the class
-    whose map is attacked)."""
+    whose map is attacked). ``norm`` (``linf`` or ``l2``) is the norm of this entry's ε-ball instead of
+    ``threat.norm`` (DeepFool in L2 beside FGSM in L∞), or the attack's own ``norm`` parameter for an attack that
+    declares one (DAG's step normalisation)."""
 
     model_config = ConfigDict(extra="allow")
     name: str = Field(min_length=1)
@@ -450,6 +275,8 @@ class AttackEntry(BaseModel):
     budgets: Annotated[list[Budget], Field(min_length=1)] | None = None
     # this entry's target instead of the config's (DAG type A, B and C side by side)
     target: str | None = Field(None, min_length=1)
+    # this entry's ε-ball norm instead of `threat.norm` (kept out of `params()`, unless the attack has its own `norm`)
+    norm: Annotated[str, _option(("linf", "l2"))] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -461,13 +288,25 @@ class AttackEntry(BaseModel):
                                       {"given": dict(data)})
         return data
 
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _dump_without_unset(handler, self, ("norm",))
+
     def params(self) -> dict[str, Any]:
-        """The attack's own parameters (every key but ``name``, ``id`` and an entry-naming ``label``)."""
+        """The attack's own parameters (every key but ``name``, ``id``, ``budgets``, ``target``, ``norm`` and an
+        entry-naming ``label``)."""
         return dict(self.model_extra or {})
+
+    def threat_norm(self, attack_params: Sequence[str]) -> str | None:
+        """The norm of this entry's ε-ball (``None``: the threat's), given the parameters the attack declares: an
+        attack with a ``norm`` parameter of its own (DAG) takes ``norm`` as that parameter, not as its ball's."""
+        return None if "norm" in attack_params else self.norm
 
     def entry_name(self, attack_params: Sequence[str], default: str) -> tuple[str, dict[str, Any]]:
         """``(name of the entry, the attack's parameters)``: ``label`` goes to the attack when it declares one."""
         params = self.params()
+        if "norm" in attack_params and self.norm is not None:  # the attack's own parameter, not its ball's norm
+            params["norm"] = self.norm
         if "label" in attack_params:
             if self.label is not None:
                 params["label"] = self.label
@@ -516,48 +355,12 @@ class CustomTask(BaseModel):
     class_names: ClassNames | None = None
 
 
-_SCALARS: dict[Any, Any] = {bool: Bool, int: Int, float: Number, str: Annotated[str, Strict()]}
-
-
-def _field_type(hint: Any) -> Any:
-    import types
-    import typing
-
-    if hint in _SCALARS:
-        return _SCALARS[hint]
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        args = typing.get_args(hint)
-        import functools as ft
-        import operator
-
-        return ft.reduce(operator.or_, [_field_type(a) for a in args])
-    return hint
-
-
-def task_schema_from_signature(cls: type) -> type[BaseModel]:
-    """The config schema of a task class from its ``__init__`` signature: one key per parameter (type hints become
-    strict YAML types, defaults stay defaults, parameters without one are required), plus ``type`` and the
-    report-only ``class_names``; unknown keys are refused with the closest valid one."""
-    import inspect
-    import typing
-
-    from pydantic import create_model
-
-    try:
-        hints = typing.get_type_hints(cls.__init__)  # type: ignore[misc]
-    except Exception:  # noqa: BLE001 -- unresolvable hints: the parameters are still declared, untyped
-        hints = {}
-    from .tasks import available_tasks
-
-    registered = getattr(cls, "name", None) in available_tasks()
-    fields: dict[str, Any] = {"type": (Literal[cls.name] if registered else str, ...),  # type: ignore[attr-defined]
-                              "class_names": (ClassNames | None, None)}
-    for p in inspect.signature(cls.__init__).parameters.values():  # type: ignore[misc]
-        if p.name == "self" or p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
-            continue
-        hint = _field_type(hints.get(p.name, Any))
-        fields[p.name] = (hint, ... if p.default is inspect.Parameter.empty else p.default)
-    return create_model(f"{cls.__name__}Section", __base__=_Section, **fields)
+def task_schema_from_signature(cls: type, registered: bool | None = None) -> type[BaseModel]:
+    """The config schema of a task class from its ``__init__`` signature (:func:`medadv.schema_base.task_schema_from_signature`);
+    ``registered`` ``None``: whether ``cls.name`` is a registered kind is asked of the task registry."""
+    if registered is None:
+        registered = getattr(cls, "name", None) in _task_types()
+    return _schema_from_signature(cls, registered=registered)
 
 
 def _task_tag(v: Any) -> Any:
@@ -602,11 +405,44 @@ DataSection = Annotated[
 ]
 
 
+def _defense_entry(value: Any) -> Any:
+    """``model.train.defense``: a training strategy by name or ``{name, eps, ...its parameters}``, checked by
+    :func:`medadv.defenses.strategies.normalize_entry` (did-you-mean on an unknown name or parameter) and normalised
+    to a mapping; ``none`` (clean training) is no defense. A strategy that trains in an ε-ball needs its ``eps``:
+    the config's attacks do not lend theirs to training."""
+    from .defenses.strategies import NONE, STUDY_KEYS, needs_threat, normalize_entry, strategy_classes
+
+    if value is None:
+        return None
+    known = strategy_classes()
+    try:
+        entry = normalize_entry(value, known)
+    except ValueError as e:
+        raise PydanticCustomError("defense", "{why}", {"why": str(e)}) from None
+    misplaced = sorted(k for k in STUDY_KEYS if k in entry and k not in ("name", "eps"))
+    if misplaced:  # the defenses study's per-entry keys: here `model.train` holds them once
+        keys = ", ".join(f"`{k}`" for k in misplaced)
+        raise PydanticCustomError("defense", "{why}", {"why": f"{keys} of the training belong to `model.train` "
+                                                               "itself, not to its `defense`"})
+    name = entry["name"]
+    if name == NONE:
+        return None
+    if needs_threat(known[name]) and "eps" not in entry:
+        why = f"strategy {name!r} trains in an L∞ ε-ball: give `eps:` in data units, e.g. {{name: {name}, eps: 8/255}}"
+        raise PydanticCustomError("defense", "{why}", {"why": why})
+    return entry
+
+
 class TrainSection(_Section):
     """``model.train``: fit the network to built-in data (``mni152``, ``synthetic``, ``npz``) with the config's task
     loss and Adam before anything is evaluated (after ``checkpoint``, so a checkpoint is fine-tuned). The weights are
     cached in medadv's cache folder under a hash of the network, the task, this section and the seed: a second run
-    loads them."""
+    loads them.
+
+    ``defense`` trains with a training strategy of :mod:`medadv.defenses` instead of plain supervised training
+    (:class:`~medadv.defenses.trainer.AdversarialTrainer`): ``pgd_at``, ``trades``, ``maadvt`` need ``eps`` (the
+    L∞ training ball, data units), ``mpadvt``/``vaft`` take the config's data box, ``gaussian`` its ``sigma``;
+    e.g. ``defense: {name: pgd_at, eps: 8/255, steps: 4}``."""
 
     data: DataSection
     epochs: Int = Field(10, ge=1)
@@ -614,6 +450,11 @@ class TrainSection(_Section):
     batch_size: Int = Field(16, ge=1)
     seed: Int = 0
     cache: Bool = True
+    defense: Annotated[dict[str, Any] | None, BeforeValidator(_defense_entry)] = None
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _dump_without_unset(handler, self, ("defense",))
 
     @field_validator("data")
     @classmethod
@@ -642,9 +483,7 @@ class AttackPlan(BaseModel):
 
     @model_validator(mode="after")
     def _budget_scale(self) -> AttackPlan:
-        _check_budget_scale(self.threat, self.budgets, self.allow_large_budgets)
-        for entry in self.attacks:
-            _check_budget_scale(self.threat, entry.budgets, self.allow_large_budgets)
+        _check_attack_budgets(self.threat, self.budgets, self.attacks, self.allow_large_budgets)
         return self
 
     def budget_list(self) -> list[float] | None:
@@ -709,26 +548,11 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _budget_scale(self) -> Config:
-        _check_budget_scale(self.threat, self.budgets, self.allow_large_budgets)
-        for entry in self.attacks:
-            _check_budget_scale(self.threat, entry.budgets, self.allow_large_budgets)
+        _check_attack_budgets(self.threat, self.budgets, self.attacks, self.allow_large_budgets)
         return self
 
 
 # --- errors --------------------------------------------------------------------------------------------------------
-def _clip(text: str, limit: int = 80) -> str:
-    """``text``, or its first ``limit`` characters and its length: an error never echoes a huge value whole."""
-    return text if len(text) <= limit else f"{text[:limit]}…({len(text)} chars)"
-
-
-def _given(value: Any) -> str:
-    if isinstance(value, float | int | str | bool) or value is None:
-        return f"{_clip(repr(value))} ({type(value).__name__})"
-    if isinstance(value, list | tuple | dict) and len(repr(value)) <= 60:
-        return repr(value)
-    return type(value).__name__
-
-
 def _where(loc: Sequence[str | int]) -> str:
     out = ""
     for part in loc:
@@ -758,6 +582,8 @@ def _message(err: Mapping[str, Any], where: str) -> str | None:
     if kind == "option":
         field = f"{where}.{ctx['field']}" if where and ctx.get("field") else where or ctx.get("field", "")
         return f"`{field}` must be one of {ctx['listed']}; got {ctx['given']}{ctx['hint']}"
+    if kind == "defense":
+        return f"{subject}: {err['msg']}"
     if kind in ("transform", "large_budget"):
         return f"{subject}: {err['msg']}" if kind == "transform" else err["msg"]
     if kind == "attack_name":

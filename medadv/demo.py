@@ -24,7 +24,7 @@ from .data.mni152 import TISSUE_CLASSES, tissue_patches
 from .evaluation import evaluate
 from .models import cache_dir, fit_supervised, load_checkpoint, save_checkpoint, small_unet
 from .results import Results
-from .tasks import Segmentation
+from .tasks import get_task
 from .threats import Linf
 
 __all__ = ["DemoConfig", "build_demo_model", "run_demo", "write_demo_outputs"]
@@ -77,7 +77,8 @@ def build_demo_model(cfg: DemoConfig, *, cache: Path | None = None, retrain: boo
          "  it is trained here because no pretrained medical segmentation weights can be had offline.")
     x, y = tissue_patches(cfg.n_train, cfg.patch, cfg.spacing_mm, split="train", seed=cfg.seed)
     t0 = time.perf_counter()
-    history = fit_supervised(model, Segmentation(len(TISSUE_CLASSES)), x, y, epochs=cfg.epochs,
+    train_task = get_task("segmentation", num_classes=len(TISSUE_CLASSES))
+    history = fit_supervised(model, train_task, x, y, epochs=cfg.epochs,
                              batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, progress=progress,
                              desc="train UNet")
     save_checkpoint(path, model, final_loss=float(history[-1]))
@@ -92,7 +93,7 @@ def run_demo(cfg: DemoConfig | None = None, *, cache: Path | None = None, retrai
     cfg = cfg or DemoConfig()
     torch.manual_seed(cfg.seed)
     model = build_demo_model(cfg, cache=cache, retrain=retrain, progress=progress, echo=echo)
-    task = Segmentation(len(TISSUE_CLASSES), include_background=False)
+    task = get_task("segmentation", num_classes=len(TISSUE_CLASSES), include_background=False)
     x, y = tissue_patches(cfg.n_test, cfg.patch, cfg.spacing_mm, split="test", seed=cfg.seed + 1)
     attacks: dict[str, Attack] = {}
     for name, cls in (("fgsm", FGSM), ("pgd", PGD), ("cospgd", CosPGD), ("segpgd", SegPGD)):

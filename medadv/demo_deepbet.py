@@ -33,7 +33,7 @@ from .attacks import FGSM, PGD, Attack, CosPGD, SegPGD
 from .attacks.noise import Noise
 from .results import Results
 from .runtime import make_generator
-from .tasks import Segmentation
+from .tasks import Task, get_task
 from .threats import Linf
 
 __all__ = ["DeepbetDemoConfig", "RandomSign", "demo_attacks", "load_subject", "run_deepbet_demo",
@@ -126,7 +126,7 @@ def load_subject(directory: str | Path | None = None) -> Any:
     return heads.colin27(1, d)
 
 
-def demo_attacks(task: Segmentation, cfg: DeepbetDemoConfig, voxel_ml: float) -> dict[str, Attack]:
+def demo_attacks(task: Task, cfg: DeepbetDemoConfig, voxel_ml: float) -> dict[str, Attack]:
     """The demo's attacks by table name (``pgd@4`` ...): FGSM, PGD, CosPGD, SegPGD, the TIV-growing ``volume``
     PGD and the random-sign ``noise`` control, at every budget of ``cfg`` (grey levels, box :data:`BOUNDS`)."""
     attacks: dict[str, Attack] = {}
@@ -166,7 +166,7 @@ def run_deepbet_demo(cfg: DeepbetDemoConfig | None = None, *, subject_dir: str |
     # the clean window (and box) is frozen: the attacks move voxels inside the preprocessing deepbet fixed from the
     # clean image, and a box that jumps between steps would make the loss discontinuous
     model.fit(x)  # type: ignore[operator]
-    task = Segmentation(2, outputs="probabilities")
+    task = get_task("segmentation", num_classes=2, outputs="probabilities")
     attacks = demo_attacks(task, cfg, head.voxel_ml)
     echo(f"deepbet (Fisch et al. 2024, pretrained, weights from its wheel) on Colin27 {tuple(head.image.shape)} "
          f"at {head.spacing[0]:g} mm; attacking {cfg.model_name()} on {cfg.device}, {cfg.steps} steps")

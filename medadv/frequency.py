@@ -15,13 +15,14 @@ complement is :func:`highpass_mask`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from .dct import block_dct, block_idct, normalize_block
 from .runtime import attack_mode
-from .tasks import Segmentation
+from .tasks import Task
 from .threats import Bounds, Box
 
 __all__ = ["keep_cube", "lowpass_mask", "highpass_mask", "filter_perturbation", "filtered_attack",
@@ -101,7 +102,7 @@ def filtered_attack(x: Tensor, x_adv: Tensor, mask: Tensor, bounds: Box | Bounds
 
 def frequency_analysis(
     model: nn.Module,
-    task: Segmentation,
+    task: Task,
     x: Tensor,
     x_adv: Tensor,
     y: Tensor,
@@ -118,12 +119,15 @@ def frequency_analysis(
     pair in data units, or ``None``: no clipping) for the filtered inputs. ``model`` may be a whole-volume wrapper
     (:class:`medadv.models.sliding.SlidingWindow`), as in Malik et al.'s evaluation.
     """
-    if not isinstance(task, Segmentation):
+    # the kind declares per-class Dice on label maps (what mean_dice needs), not a class test: a new kind that
+    # declares it is analysed too
+    if not isinstance(task, Task) or not task.traits.metrics.class_dice:
         raise TypeError(f"`task` must be a Segmentation task, got {task!r}")
+    seg: Any = task  # declares class_dice: mean_dice over label maps (MetricTraits)
 
     def dice(inp: Tensor) -> Tensor:
         with attack_mode(model), torch.no_grad():  # eval mode, restored afterwards
-            return task.mean_dice(task.predict(model(inp)), y)
+            return seg.mean_dice(seg.predict(model(inp)), y)
 
     out = {"clean": dice(x), "adversarial": dice(x_adv)}
     drop = out["clean"] - out["adversarial"]

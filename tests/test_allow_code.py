@@ -31,7 +31,8 @@ from medadv.tasks import MultiClass
 #: modules of the allow-listed packages whose public callables are named as builders
 MODULES = ("monai.networks.utils", "monai.utils.module", "monai.utils", "monai.data", "monai.networks.nets",
            "monai.transforms", "torchvision.datasets.utils", "torchvision.utils", "torchvision.io", "torchvision.models",
-           "medadv.models", "medadv.models.io", "medadv.data.save", "medadv.safe_io", "medadv.config")
+           "medadv.models", "medadv.models.io", "medadv.data.save", "medadv.safe_io", "medadv.config", "medadv.config.data",
+           "medadv.config.targets", "medadv.run", "medadv.run.output")
 
 
 def _declared() -> set[Any]:

@@ -36,10 +36,12 @@ def test_dag_target_kinds_are_paschalis_types():
     y[:, 4:12, 4:12] = 2
     y[:, 6:10, 6:10] = 1
     x, logits = torch.rand(2, 1, 16, 16), torch.randn(2, 3, 16, 16)
+    pred = logits.argmax(1)
     b = build_target_fn("dag_b", task)(x, y, logits)
-    assert torch.equal(b, dag_target_b(y, generator=torch.Generator().manual_seed(0))[0])
+    # built on the clean prediction (issue 32: on the label map DAG also "repaired" every clean mistake)
+    assert torch.equal(b, dag_target_b(y, generator=torch.Generator().manual_seed(0), prediction=pred)[0])
     assert torch.equal(b, build_target_fn("dag_b", task)(x, y, logits))  # the same draw every call
-    assert torch.equal(build_target_fn("dag_c", task)(x, y, logits), dag_target_c(y, cls=1)[0])
+    assert torch.equal(build_target_fn("dag_c", task)(x, y, logits), dag_target_c(y, cls=1, prediction=pred)[0])
     with pytest.raises(ValueError, match="needs a segmentation task"):
         build_target_fn("dag_c", MultiClass())
     with pytest.raises(ValueError, match="did you mean 'dag_b'"):
@@ -55,8 +57,8 @@ def test_each_entry_runs_with_its_own_target(tmp_path, recwarn):
     task = Segmentation(num_classes=3)
     atks = build_attacks(cfg, task)
     fns = build_target_fns(cfg, task, atks)
-    assert {k: fns[k].__name__ for k in fns} == {"dag-a@0.1": "target:background", "dag-b@0.1": "target:dag_b",
-                                                 "dag-c@0.1": "target:dag_c"}
+    assert {k: fns[k].__name__ for k in fns} == {"dag-a@0.1": "target:background", "dag-b@0.1": "target:dag_b_pred",
+                                                 "dag-c@0.1": "target:dag_c_pred"}
     assert main(["evaluate", str(p), "--no-progress"]) == 0
     rows = json.loads((tmp_path / "out" / "results.json").read_text())["rows"]
     assert {r["attack"] for r in rows} == set(fns)

@@ -414,3 +414,21 @@ def test_monotone_check_leaves_out_attacks_that_do_not_search_the_task_metric():
     assert flagged == {"volume", "pgd"}  # the control: without the declaration both rise and both are flagged
     kept = {f.attack for f in monotone_flags(Results(rows, meta={"off_metric": ["volume@1", "volume@2"]}))}
     assert kept == {"pgd"}
+
+
+def test_the_checks_live_with_the_attacks_and_medadv_masking_reexports_them():
+    """``auto`` runs the checks and the unbounded check runs APGD, so they live in ``medadv.attacks.masking`` (no
+    attacks <-> masking import cycle, tests/test_layout.py); ``medadv.masking`` offers the very same objects."""
+    import ast
+    import inspect
+
+    import medadv.attacks.auto
+    import medadv.attacks.masking as low
+    import medadv.masking as public
+
+    assert public.__all__ == low.__all__
+    for name in public.__all__:
+        assert getattr(public, name) is getattr(low, name), name
+    imported = {(n.level, n.module) for n in ast.walk(ast.parse(inspect.getsource(medadv.attacks.auto)))
+                if isinstance(n, ast.ImportFrom)}
+    assert (1, "masking") in imported and (2, "masking") not in imported  # .masking, never ..masking

@@ -36,6 +36,64 @@ def shrink(value: Any, key: str = "") -> Any:
     return value
 
 
+#: what each paper's table needs in its study's JSON (issue 32): for every entry of a study in a recipe, the row
+#: columns (``rows``), the ``meta`` keys, the keys of each ``meta["summary"]`` entry, the values a column must take
+#: (``values``: all of them present), and for transfer that no cell is white-box (the paper's sources are trained
+#: apart from the evaluated models)
+#: A key is a study's name (every entry of it) or an entry's index in the recipe's ``studies:``.
+PAPER_COLUMNS: dict[str, dict[str | int, dict[str, Any]]] = {
+    "xu2021": {"gap": {"rows": ["auc_clean", "auc_adv", "fooling_rate"], "meta": ["cases"]},
+               "corruptions": {"rows": ["model"], "meta": ["rfp", "reference"],
+                               "values": {"model": ["densenet", "resnet", "cnn"]}},
+               "correlation": {"meta": ["layer", "noise"]}},
+    "xu2021_multilabel": {"gap": {"rows": ["auc_clean", "auc_adv", "label_accuracy_clean", "label_accuracy_adv"],
+                                  "meta": ["cases"]}},
+    "paschali2018": {"transfer": {"summary": ["noise", "ssim_adv", "ssim_noise", "sigma"], "black_box": True,
+                                  "values": {"attack": ["fgsm", "deepfool", "jsma"]}},
+                     "correlation": {"meta": ["layer", "noise"]}},
+    "paschali2018_segmentation": {"transfer": {"summary": ["noise", "ssim_noise"], "meta": ["cases"],
+                                               "black_box": True}},
+    "malik2024": {"transfer": {"meta": ["cases"]},
+                  "models": {"rows": ["hd95_clean", "hd95_adv", "asr_h"],
+                             "values": {"model": ["unet", "unetr", "swinunetr"], "attack": ["noise"]}},
+                  "frequency": {"meta": ["band_ranges"]}},
+    "zhang2024": {"saliency": {"rows": ["auc_clean", "auc_adv"]}, 0: {"meta": ["note"]}, 1: {"meta": ["note"]},
+                  2: {"rows": ["surrogate"]},
+                  "reader_study": {"values": {"attack": ["prediction", "relevance-gradient"]}}},
+    "medi2024": {2: {"values": {"model": ["densenet", "resnet", "cnn", "densenet-at", "resnet-trades"]}}},
+}
+
+
+def check_paper_columns(recipe: str, studies: list[Any], out: Path) -> None:
+    """The study JSONs of a smoke run hold what :data:`PAPER_COLUMNS` asks of the recipe."""
+    need = PAPER_COLUMNS.get(recipe, {})
+    seen: set[str | int] = set()
+    for i, s in enumerate(studies):
+        name = s if isinstance(s, str) else s["study"]
+        for key in (name, i):
+            if key in need:
+                seen.add(key)
+                _check_entry(recipe, i, name, json.loads((out / f"study_{i}_{name}.json").read_text()), need[key])
+    assert seen == set(need), f"{recipe}: no study entry for {sorted(map(str, set(need) - seen))}"
+
+
+def _check_entry(recipe: str, i: int, name: str, data: dict[str, Any], want: dict[str, Any]) -> None:
+    """One study entry's JSON against its :data:`PAPER_COLUMNS` wants."""
+    rows, meta = data["rows"], data["meta"]
+    for col in want.get("rows", []):
+        assert all(col in r for r in rows), f"{recipe}: study {i} ({name}) rows lack {col!r}"
+    for key in want.get("meta", []):
+        assert meta.get(key), f"{recipe}: study {i} ({name}) has no meta[{key!r}]"
+    for key in want.get("summary", []):
+        summary = meta.get("summary") or []
+        assert summary and all(key in e for e in summary), f"{recipe}: study {i} ({name}) summary lacks {key!r}"
+    for col, values in want.get("values", {}).items():
+        got = {str(r.get(col)).split("@")[0] for r in rows}
+        assert set(values) <= got, f"{recipe}: study {i} ({name}) {col} has {sorted(got)}, not all of {values}"
+    if want.get("black_box"):
+        assert not any(r.get("white_box") for r in rows), f"{recipe}: study {i} ({name}) has white-box cells"
+
+
 def test_there_is_one_recipe_per_paper():
     stems = {p.stem for p in RECIPES}
     for paper in ("paschali2018", "xu2021", "zhang2024", "malik2024", "medi2024"):
@@ -63,3 +121,4 @@ def test_recipe_runs_small_and_its_report_shows_every_table(recipe, tmp_path, mo
         name = s if isinstance(s, str) else s["study"]
         rows = json.loads((tmp_path / "out" / f"study_{i}_{name}.json").read_text())["rows"]
         assert rows, f"study {name} has no rows"
+    check_paper_columns(recipe.stem, small.get("studies", []), tmp_path / "out")

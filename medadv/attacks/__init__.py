@@ -43,6 +43,7 @@ from .saliency import SaliencyAttack, SaliencyDetails
 from .segpgd import SegPGD
 from .square import Square, SquareDetails
 from .steps import AdamStep, MomentumStep, NormalizedStep, SignStep, StepRule, ThreatStep
+from .tilewise import TileDetails, attack_tilewise
 from .vafa import VAFA, VAFA2D, VAFADetails, soft_quantize, soft_round
 
 __all__ = [
@@ -58,15 +59,14 @@ __all__ = [
     "Square", "SquareDetails",
     "DeepFool", "DeepFoolDetails", "JSMA", "JSMADetails", "Noise",
     "SaliencyAttack", "SaliencyDetails", "SaliencyRelevance", "RelevanceDetails", "SaliencyResistance",
-    "ResistanceDetails",
+    "ResistanceDetails", "attack_tilewise", "TileDetails",
 ]
 
 
 def __getattr__(name: str):
-    # GAPTrainer lives in medadv.training (a trainer, not an attack); kept importable from here lazily so
-    # importing the attacks never imports the training package (no attacks <-> training cycle)
+    # GAPTrainer (published as medadv.training.GAPTrainer) is defined with GAP; kept importable from here lazily
     if name == "GAPTrainer":
-        from ..training.gap import GAPTrainer
+        from .gap import GAPTrainer
 
         return GAPTrainer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

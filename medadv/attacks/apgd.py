@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from ..params import Bool, Options, Real
-from ..tasks import Segmentation, Task
+from ..tasks import Task
 from ..threats import Linf, Threat
 from .base import AttackDetails, PerturbOutput, register
 from .engine import EngineOutput, IterativeAttack, StepContext
@@ -301,7 +301,8 @@ class APGD(VolumeLoss, IterativeAttack):
         if self.loss in ("js", "cospgd") and not task.class_scores:
             raise TypeError(f"`loss={self.loss!r}` of APGD compares class distributions and the outputs of {task!r} "
                             "are not class scores: use loss='ce' or loss='margin'")
-        if self.loss in ("balanced-ce", "masked-ce", "masked-balanced-ce") and not isinstance(task, Segmentation):
+        # per-class weights and masks over the voxels of label maps: what a kind declaring per-class Dice has
+        if self.loss in ("balanced-ce", "masked-ce", "masked-balanced-ce") and not task.traits.metrics.class_dice:
             raise TypeError(f"`loss={self.loss!r}` of APGD works on the voxels of a label map (segmentation); "
                             f"{task!r} has none: use loss='ce' or loss='margin'")
 
@@ -355,7 +356,7 @@ class APGD(VolumeLoss, IterativeAttack):
         if weight is not None:  # per sample: follows the active set
             ctx.state["weight"] = self._check_weight(weight, ctx)
         if self.loss in ("balanced-ce", "masked-balanced-ce"):
-            assert isinstance(self.task, Segmentation)
+            # checked in __init__: the kind declares class_dice (label maps, num_classes, safe_labels)
             ctx.state["balance"] = balanced_weights(self.task, ctx.y)
         if isinstance(self.threat, Linf):  # the ball's corners, per sample (they follow the active set)
             ctx.state["ball_lo"] = ctx.x - self.threat.eps

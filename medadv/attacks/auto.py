@@ -195,7 +195,7 @@ class AutoDetails(AttackDetails):
             input).
         components: the member names, in order.
         metric: the name of the robust metric (``accuracy``, ``exact_match``, ``mean_dice``).
-        masking: ids of the gradient-masking checks that fired on this batch (:mod:`medadv.masking`).
+        masking: ids of the gradient-masking checks that fired on this batch (:mod:`medadv.attacks.masking`).
         masking_messages: their explanations.
         worst_of: ``(N, M)`` for kinds with several selection metrics (segmentation): each metric's own worst case
             over the clean output and every member's output — possibly from different members — in the order of
@@ -225,7 +225,7 @@ class AutoEvaluation(Attack):
     samples whose robust metric is not yet at its floor, and keeps per sample the worst case by the task's
     metric (:meth:`~medadv.tasks.Task.robust_metric`). ``details`` (:class:`AutoDetails`) record the metric
     after each member, which samples each attacked and its time; with ``checks``, the gradient-masking
-    checks of :mod:`medadv.masking` run on the batch and their flags are recorded (never raised).
+    checks of :mod:`medadv.attacks.masking` run on the batch and their flags are recorded (never raised).
 
     Versions: ``"standard"`` (the strong default: 100 APGD iterations per member; 5000 Square queries for
     multi-class as in AutoAttack, 1000 for multi-label, 500 for segmentation; 9 target classes / 3 flipped
@@ -574,7 +574,7 @@ class AutoEvaluation(Attack):
 
     def _masking(self, model: nn.Module, x: Tensor, y: Tensor, logits: Tensor, white: Tensor | None,
                  final: Tensor) -> list[Any]:
-        from ..masking import check_black_box, run_checks
+        from .masking import check_black_box, run_checks
 
         # the unbounded run gets as many steps as each member (at most 50: a sound model falls in a few)
         flags = list(run_checks(model, self.task, x, y, self.box, logits=logits, seed=self.seed or 0,

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from ..metrics.image import mse, ssim
 from ..params import InvalidParameterError, Optional, Options, Real, renamed
-from ..tasks import Segmentation, Task
+from ..tasks import Task
 from ..threats import Box, Threat, per_sample_norm
 from .base import AttackDetails, AttackResult, bounds_keyword, register
 from .engine import EngineOutput, IterativeAttack, StepContext
@@ -55,11 +55,26 @@ def dag_target_a(y: Tensor, background: int = 0) -> tuple[Tensor, Tensor]:
     return torch.full_like(y, background), y != background
 
 
+def _check_prediction(prediction: Tensor | None, y: Tensor) -> Tensor | None:
+    """``prediction`` as a label map on ``y``'s device, or ``None``; one line naming the argument when it is bad."""
+    if prediction is None:
+        return None
+    if not isinstance(prediction, Tensor):
+        raise TypeError(f"`prediction` must be a torch.Tensor label map, got {type(prediction).__name__}")
+    if prediction.is_floating_point() or prediction.dtype == torch.bool:
+        raise TypeError(f"`prediction` must be an integer label map (the clean prediction, e.g. logits.argmax(1)), "
+                        f"got dtype {prediction.dtype}")
+    if prediction.shape != y.shape:
+        raise ValueError(f"`prediction` must have the shape of `y` {tuple(y.shape)}, got {tuple(prediction.shape)}")
+    return prediction.to(device=y.device, dtype=y.dtype)
+
+
 def dag_target_b(
     y: Tensor,
     fraction: float = 0.05,
     background: int = 0,
     generator: torch.Generator | None = None,
+    prediction: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Type B: a random ``fraction`` of the foreground voxels to one random foreground class.
 
@@ -68,15 +83,28 @@ def dag_target_b(
     ``fraction`` (Paschali: "a small percentage of pixels, chosen at random"). Samples without two
     distinct foreground classes get an empty target. Returns ``(y_adv, target_mask)``.
 
+    Without ``prediction``, ``y_adv`` is the label map with the chosen voxels set to ``c``: pass
+    ``target_mask`` to :class:`DAG` with it. DAG's *default* region is every voxel whose clean prediction
+    differs from ``y_adv``, which for a label-based map includes every voxel the clean model gets wrong,
+    and DAG then steers those toward their true label: the attack "repairs" 95 % of the map (Dice against
+    the label can rise above the clean Dice). With ``prediction`` (the clean prediction, as
+    ``logits.argmax(1)``), ``y_adv`` is that prediction with the chosen voxels set to ``c``, and the mask
+    drops the voxels already predicted as ``c``: ``y_adv`` differs from the prediction exactly on the
+    mask, so DAG's default region is the paper's target set (the retargeted voxels) and nothing else.
+    The voxels and the class are drawn from ``y`` either way (the same draws for the same generator).
+
     Args:
         fraction: expected share of eligible voxels that are retargeted, in (0, 1].
         generator: CPU ``torch.Generator`` for the random choices (seed it for reproducibility).
+        prediction: the clean prediction ``(N, *spatial)`` to build ``y_adv`` on, or ``None``.
     """
     _check_labels(y)
+    pred = _check_prediction(prediction, y)
     if not 0.0 < float(fraction) <= 1.0:
         raise ValueError(f"`fraction` must be in (0, 1], got {fraction}")
     yc = y.detach().cpu()
-    y_adv = yc.clone()
+    base = yc if pred is None else pred.detach().cpu()
+    y_adv = base.clone()  # a copy: neither `y` nor `prediction` is written
     mask = torch.zeros_like(yc, dtype=torch.bool)
     for i in range(yc.shape[0]):  # per sample: class choice differs; not a step loop
         classes = torch.unique(yc[i])
@@ -86,6 +114,8 @@ def dag_target_b(
         c = classes[torch.randint(classes.numel(), (1,), generator=generator)]
         eligible = (yc[i] != background) & (yc[i] != c)
         pick = eligible & (torch.rand(yc[i].shape, generator=generator) < float(fraction))
+        # a voxel already predicted as c has nothing to flip: it is no target (and y_adv keeps it)
+        pick = pick & (base[i] != c)
         y_adv[i][pick] = c
         mask[i] = pick
     return y_adv.to(y.device), mask.to(y.device)
@@ -115,21 +145,32 @@ def dag_target_c(
     iterations: int = 6,
     background: int = 0,
     include_background: bool = False,
+    prediction: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Type C: dilate class ``cls`` by ``iterations`` steps of the cross element, keep the rest.
 
     The target region is the newly claimed voxels; voxels that were background are claimed only with
     ``include_background=True`` (Paschali's target set is non-background). ``y_adv`` differs from ``y``
     exactly on the returned mask. Returns ``(y_adv, target_mask)``.
+
+    With ``prediction`` (the clean prediction), the dilation is still that of ``cls`` in ``y``, but ``y_adv``
+    is the prediction with the claimed voxels set to ``cls`` and the mask drops the voxels already predicted
+    as ``cls``: ``y_adv`` then differs from the prediction exactly on the mask, so DAG's default region
+    (prediction ≠ ``y_adv``) is the claimed voxels only, not also every voxel the clean model gets wrong
+    (see :func:`dag_target_b`).
     """
     _check_labels(y)
+    pred = _check_prediction(prediction, y)
     if int(iterations) < 1:
         raise ValueError(f"`iterations` must be >= 1, got {iterations}")
     grown = _dilate(y == cls, int(iterations))
     mask = grown & (y != cls)
     if not include_background:
         mask = mask & (y != background)
-    return torch.where(mask, torch.full_like(y, cls), y), mask
+    if pred is None:
+        return torch.where(mask, torch.full_like(y, cls), y), mask
+    mask = mask & (pred != cls)
+    return torch.where(mask, torch.full_like(y, cls), pred), mask
 
 
 # --- the attack ---------------------------------------------------------------------------------------------------
@@ -282,8 +323,7 @@ class DAG(IterativeAttack):
             if mask.shape != y.shape:
                 raise ValueError(f"`target_mask` must have the shape of `y` {tuple(y.shape)}, got {tuple(mask.shape)}")
             ctx.state["region"] = self._valid_region(mask.to(y.device), y)
-        task = self.task
-        assert isinstance(task, Segmentation)  # the class declares tasks = ("Segmentation",)
+        task: Any = self.task  # the class declares tasks = ("Segmentation",): label maps with safe_labels
         ctx.state["target"] = task.safe_labels(y)
 
     def _valid_region(self, region: Tensor, y: Tensor) -> Tensor:
@@ -359,7 +399,7 @@ class DAG(IterativeAttack):
 
 def calibrate_step_size(
     model: nn.Module,
-    task: Segmentation,
+    task: Task,
     x: Tensor,
     y_adv: Tensor,
     target_mask: Tensor | None = None,

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ..params import Constraint, Int, InvalidParameterError, Optional, Options, Real
-from ..tasks import Segmentation, Task
+from ..tasks import Task
 
 __all__ = ["cosine_weights", "segpgd_weights", "balanced_weights", "js_divergence", "VOLUME_GOALS", "VOLUME_PARAMS",
            "VolumeObjective"]
@@ -42,19 +42,24 @@ def segpgd_weights(task: Task, logits: Tensor, y: Tensor, step: int, steps: int,
     return (1.0 - lam) * correct + lam * (1.0 - correct)
 
 
-def balanced_weights(task: Segmentation, y: Tensor) -> Tensor:
+def balanced_weights(task: Task, y: Tensor) -> Tensor:
     """Class-balanced voxel weights: every class present in a sample's label map counts the same.
 
     ``w_v = n_valid / (K · n_c(v))`` with ``n_c`` the valid voxels of the voxel's class in that sample and
     ``K`` the number of classes present, so :meth:`Task.reduce` of ``w · ℓ`` is the mean over present
     classes of each class's mean loss (the balanced CE of Croce, Singh, Hein, ECCV 2024). A small organ
-    weighs as much as the background instead of vanishing in the voxel average.
+    weighs as much as the background instead of vanishing in the voxel average. ``task`` is a kind declaring
+    per-class Dice on label maps (``task.traits.metrics.class_dice``: segmentation).
     """
-    labels = task.safe_labels(y).reshape(y.shape[0], -1)
-    mask = task.valid_mask(y)
+    if not task.traits.metrics.class_dice:
+        raise TypeError(f"`task` of balanced_weights must score label maps class by class "
+                        f"(traits.metrics.class_dice, e.g. segmentation), got {task!r}")
+    seg: Any = task  # declares class_dice: num_classes and safe_labels (MetricTraits)
+    labels = seg.safe_labels(y).reshape(y.shape[0], -1)
+    mask = seg.valid_mask(y)
     valid = torch.ones_like(labels, dtype=torch.float32) if mask is None else \
         mask.reshape(labels.shape).to(torch.float32)
-    counts = torch.zeros(y.shape[0], task.num_classes, device=y.device, dtype=torch.float32)
+    counts = torch.zeros(y.shape[0], seg.num_classes, device=y.device, dtype=torch.float32)
     counts.scatter_add_(1, labels, valid)
     present = (counts > 0).sum(dim=1, keepdim=True).clamp_min(1).to(torch.float32)
     n_valid = valid.sum(dim=1, keepdim=True)

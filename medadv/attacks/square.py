@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from ..params import Bool, Int, InvalidParameterError, Options, Real
 from ..runtime import forward_tensor, make_generator
-from ..tasks import Segmentation, Task
+from ..tasks import Task
 from ..threats import Linf, Threat
 from .base import Attack, AttackDetails, register
 
@@ -233,7 +233,8 @@ class Square(Attack):
     ) -> None:
         super().__init__(task, threat, targeted=targeted, seed=seed)
         self._init_params(locals())
-        if self.loss == "min-margin" and isinstance(task, Segmentation):
+        # a kind scored by per-class Dice on label maps: its weakest element is one voxel of the map
+        if self.loss == "min-margin" and task.traits.metrics.class_dice:
             raise InvalidParameterError(
                 "`loss='min-margin'` of Square minimises the margin of the single weakest element, and for "
                 "Segmentation that is one voxel: flipping it barely moves the Dice. Use loss='margin' (the "

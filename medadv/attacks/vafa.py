@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from ..dct import crop, dct_blocks, from_blocks, idct_blocks, pad_to_multiple, to_blocks
 from ..metrics.image import _blur, _gaussian
 from ..params import Bool, Constraint, Int, InvalidParameterError, Options, Real, renamed
-from ..tasks import Segmentation, Task
+from ..tasks import Task
 from ..threats import Box
 from .base import AttackDetails, bounds_keyword, register
 from .engine import IterativeAttack, StepContext
@@ -230,9 +230,11 @@ class _FrequencyAttack(IterativeAttack):
     def _loss_task(self) -> Task:
         """The task whose loss VAFA ascends: the caller's, with the Dice denominator squared when
         ``squared_pred`` (Hanif et al.'s and Malik et al.'s DiceCE) — the caller's task is not changed."""
-        if not isinstance(self.task, Segmentation) or not self.squared_pred or self.task.squared_pred:
+        # the class declares tasks = ("Segmentation",): the task has the Dice loss's `squared_pred` knob; a kind
+        # without it (none is accepted today) keeps its own loss
+        if not self.squared_pred or getattr(self.task, "squared_pred", True):
             return self.task
-        cached = self.__dict__.get("_loss_task_cache")
+        cached: Any = self.__dict__.get("_loss_task_cache")
         if cached is None:
             cached = copy.copy(self.task)
             cached.squared_pred = True

@@ -10,12 +10,12 @@ Dice bounds the Dice of the *abstaining* smoothed segmenter, as in SegCertify.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from ..params import InvalidParameterError, Options, Real
-from ..tasks import Segmentation
 from .smoothing import CertifyResult
 
 __all__ = ["certified_accuracy", "certified_dice"]
@@ -75,7 +75,6 @@ def certified_accuracy(result: CertifyResult, y: Tensor | None, radii: Sequence[
     elif result.family == "multilabel":
         per = ok.all(dim=2).float()
     else:
-        assert isinstance(task, Segmentation)
         mask = task.valid_mask(y)
         if mask is None:
             per = ok.float().mean(dim=2)
@@ -95,12 +94,11 @@ def certified_dice(result: CertifyResult, y: Tensor | None, radii: Sequence[floa
     """
     owner = "certified_dice"
     result, y = _check(result, y, owner)
-    if result.family != "segmentation":
-        raise ValueError(f"`result` of {owner} must come from a Segmentation task, got a {result.family} result "
-                         "(use certified_accuracy)")
+    if result.family != "segmentation" or not result.task.traits.metrics.class_dice:
+        raise ValueError(f"`result` of {owner} must come from a Segmentation task (a kind scored by per-class "
+                         f"Dice), got a {result.family} result (use certified_accuracy)")
     r = _radii(radii, owner, y.device)
-    task = result.task
-    assert isinstance(task, Segmentation)
+    task: Any = result.task  # declares class_dice: num_classes, safe_labels, include_background (MetricTraits)
     c = task.num_classes
     n = y.shape[0]
     labels = task.safe_labels(y).reshape(n, 1, -1)

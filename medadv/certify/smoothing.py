@@ -73,7 +73,7 @@ from ..params import (
     Real,
 )
 from ..runtime import attack_mode, check_input, check_model, forward_tensor, make_generator, model_device
-from ..tasks import MultiClass, MultiLabel, Segmentation, Task, task_family
+from ..tasks import Task, registered_task_classes
 from ..threats import MAX_SIGMA_FRACTION, Bounds, Box, check_budget_scale
 from .stats import bonferroni_reject, holm_reject, lcb_table, pvalue_table, two_sided_pvalue
 
@@ -119,11 +119,15 @@ FAMILIES: dict[str, _Family] = {
 
 
 def _family_of(task: Any, owner: str) -> str:
-    fam = task_family(task)
+    """The smoothing family ``task``'s kind declares (``traits.certify.family``), or a refusal naming the kinds that
+    declare one (the registry is asked, so a new kind that declares a family is listed)."""
+    traits = getattr(task, "traits", None) if isinstance(task, Task) else None
+    fam = traits.certify.family if traits is not None else None
     if fam not in FAMILIES:
+        kinds = [c.name for c in registered_task_classes() if c.traits.certify.family in FAMILIES]
         raise InvalidParameterError(
-            f"`task` of {owner} must be one of the task kinds randomized smoothing supports "
-            f"({', '.join(FAMILIES)}: {MultiClass.__name__}, {MultiLabel.__name__}, {Segmentation.__name__}); "
+            f"`task` of {owner} must be a task kind that declares a randomized-smoothing family "
+            f"(traits.certify.family, one of {', '.join(FAMILIES)}; the registered kinds {', '.join(kinds)}); "
             f"got {task!r}")
     return str(fam)
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..config_schema import ConfigError
+from ..schema_base import ConfigError
 
 __all__ = ["npz_header", "npz_loader", "check_integer_labels"]
 

@@ -78,8 +78,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..config_schema import ConfigError, CsvData, DatalistData, FilesData, TransformEntry
 from ..params import closest
+from ..schema_base import (  # below medadv.data (medadv.config_schema re-exports them)
+    ConfigError,
+    CsvData,
+    DatalistData,
+    FilesData,
+    TransformEntry,
+    monai_transforms,
+    transform_name_error,
+)
 from .save import strip_suffix
 
 __all__ = ["DataError", "monai_transforms", "transform_name_error", "list_cases",
@@ -118,31 +126,7 @@ def _hint(name: str, options: Sequence[str]) -> str:
     return f"; did you mean {c!r}?" if c and c != name else ""
 
 
-# --- transforms by name --------------------------------------------------------------------------------------------
-@functools.cache
-def monai_transforms() -> dict[str, type]:
-    """Every transform class of :mod:`monai.transforms` by name."""
-    import monai.transforms as T
-
-    return {n: o for n in dir(T) if not n.startswith("_") and isinstance(o := getattr(T, n), type)
-            and issubclass(o, T.Transform)}
-
-
-def transform_name_error(name: str) -> str | None:
-    """Why ``name`` is not a MONAI dictionary transform (``None`` when it is one)."""
-    from monai.transforms import MapTransform
-
-    table = monai_transforms()
-    if name not in table:
-        return (f"unknown MONAI transform {name!r}{_hint(name, list(table))} (monai.transforms lists them; "
-                "dictionary transforms end in 'd')")
-    if not issubclass(table[name], MapTransform):
-        alt = next((n for n in (name + "d", name + "D") if n in table), None)
-        use = f"name its dictionary version {alt!r}" if alt else "name a dictionary transform (a MapTransform)"
-        return f"{name!r} is an array transform: {use}; the cases are dictionaries with keys image, label"
-    return None
-
-
+# --- transforms by name: monai_transforms, transform_name_error (medadv.schema_base, re-exported) ---------------
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """Silence MONAI's notices, while a transform is built, that its optional GPU DICOM decoder

@@ -25,7 +25,7 @@ from ..attacks.base import Attack
 from ..attacks.vafa import VAFA
 from ..dct import dct
 from ..params import Configurable, Constraint, Instance, Optional, Real, renamed
-from ..tasks import Segmentation, Task
+from ..tasks import Task
 from ..threats import Bounds, Box
 from .base import TrainingStrategy
 
@@ -105,7 +105,9 @@ class VAFT(TrainingStrategy, Configurable):
         return self.attack
 
     def loss(self, model: nn.Module, x: Tensor, y: Tensor, task: Task, generator: torch.Generator) -> Tensor:
-        if not isinstance(task, Segmentation):
+        # the frequency term compares the DCT of logit maps and VAFA attacks label maps: a kind whose labels lie
+        # on the input grid and are scored class by class (segmentation)
+        if not (task.traits.labels.spatial_labels and task.traits.metrics.class_dice):
             raise TypeError(f"VAFT needs a Segmentation task, got {task!r}")
         attack = self._attack_for(task)
         x_adv = attack(model, x, y).x_adv.detach()  # eval + frozen params inside; train mode restored

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from ..tasks import Segmentation
 from .segmentation import dice_per_class, hd95_per_class
+
+if TYPE_CHECKING:  # type-only: medadv.metrics sits below medadv.tasks (tests/test_layout.py)
+    from ..tasks import Task
 
 __all__ = ["attack_success_rate", "segmentation_asr"]
 
@@ -73,7 +76,7 @@ def _hd95_filled(pred: Tensor, y: Tensor, num_classes: int, spacing: float | Seq
     return torch.where(gt & ~pr, torch.full_like(hd, diag), hd)
 
 
-def segmentation_asr(task: Segmentation, logits_clean: Tensor, logits_adv: Tensor, y: Tensor, *,
+def segmentation_asr(task: Task, logits_clean: Tensor, logits_adv: Tensor, y: Tensor, *,
                      spacing: float | Sequence[float] | None = None, mode: str = "mean_diff",
                      include_background: bool | None = None, percent: bool = True) -> dict[str, Tensor]:
     """Per-case Dice and HD95 on clean and attacked predictions, and ASR-D / ASR-H.
@@ -82,21 +85,24 @@ def segmentation_asr(task: Segmentation, logits_clean: Tensor, logits_adv: Tenso
     ``include_background``, default the task's setting; Malik et al. include it). Dice is in percent when ``percent`` (as in the paper).
     Returns ``dice_clean``, ``dice_adv``, ``hd95_clean``, ``hd95_adv`` ``(N,)`` and ``asr_d``, ``asr_h``.
     """
-    if not isinstance(task, Segmentation):
-        raise TypeError(f"`task` must be a Segmentation task, got {task!r}")
-    k = task.num_classes
-    valid = task.valid_mask(y)
+    traits = getattr(task, "traits", None)
+    if traits is None or not traits.metrics.class_dice:  # the kind declares per-class Dice on label maps
+        raise TypeError(f"`task` must be a Segmentation task (a kind scored by per-class Dice on label maps), "
+                        f"got {task!r}")
+    seg: Any = task  # num_classes, safe_labels, include_background: what `class_dice` kinds have
+    k = seg.num_classes
+    valid = seg.valid_mask(y)
     # ignored voxels (ignore_index) become an extra class k in both maps, then that column is dropped
     kk = k if valid is None else k + 1
-    y = task.safe_labels(y) if valid is None else torch.where(valid, task.safe_labels(y), torch.full_like(y, k).long())
+    y = seg.safe_labels(y) if valid is None else torch.where(valid, seg.safe_labels(y), torch.full_like(y, k).long())
     classes = torch.arange(k, device=y.device).reshape(1, -1, *([1] * (y.ndim - 1)))
     # Malik et al. use MONAI DiceMetric's default: classes absent from the label are skipped (NaN)
     gt_present = (y.unsqueeze(1) == classes).flatten(2).any(dim=2)
-    inc = task.include_background if include_background is None else bool(include_background)
+    inc = seg.include_background if include_background is None else bool(include_background)
     first = 0 if inc else 1
     out: dict[str, Tensor] = {}
     for tag, z in (("clean", logits_clean), ("adv", logits_adv)):
-        pred = task.predict(z)
+        pred = seg.predict(z)
         if valid is not None:
             pred = torch.where(valid, pred, torch.full_like(pred, k))
         d = dice_per_class(pred, y, kk)[:, :k]

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from ..tasks import Task
 from .image import ssim
+
+if TYPE_CHECKING:  # type-only: medadv.metrics sits below medadv.tasks (tests/test_layout.py)
+    from ..tasks import Task
 
 __all__ = [
     "minmax",

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor
 
-__all__ = ["dice_per_class", "hd95_per_class"]
+__all__ = ["dice_per_class", "hd95_per_class", "confusion_counts", "dice_from_confusion"]
 
 
 def _check(pred: Tensor, y: Tensor, num_classes: int) -> None:
@@ -25,9 +26,30 @@ def dice_per_class(pred: Tensor, y: Tensor, num_classes: int) -> Tensor:
     :meth:`medadv.tasks.Segmentation.dice` (one confusion count, no one-hot tensors).
     """
     _check(pred, y, num_classes)
-    from ..tasks import Segmentation
+    return dice_from_confusion(confusion_counts(pred, y.long(), num_classes))
 
-    return Segmentation(num_classes).dice(pred, y)
+
+def confusion_counts(pred: Tensor, y: Tensor, num_classes: int, mask: Tensor | None = None) -> Tensor:
+    """Per-sample confusion counts ``(N, C, C)`` of label maps: ``[n, i, j]`` = voxels labelled i, predicted j.
+
+    ``y``: int64 labels in ``[0, C)``; ``mask`` (bool, like ``y``): only these voxels count. One scatter-add over
+    the voxels, no one-hot tensors and no host sync: it runs inside attack loops (restart scoring, the active set,
+    :meth:`medadv.tasks.Segmentation.confusion`) and on every result.
+    """
+    c = num_classes
+    key = (y * c + pred.long()).reshape(y.shape[0], -1)
+    # integer counts stay exact beyond 2**24 voxels (whole-body CT), where float32 would round
+    weight = torch.ones_like(key) if mask is None else mask.reshape(key.shape).long()
+    counts = torch.zeros(y.shape[0], c * c, dtype=torch.int64, device=key.device)
+    return counts.scatter_add_(1, key, weight).reshape(-1, c, c)
+
+
+def dice_from_confusion(conf: Tensor) -> Tensor:
+    """Hard Dice ``(N, C)`` from confusion counts ``(N, C, C)`` (:func:`confusion_counts`); 1 where a class is
+    absent from both label and prediction."""
+    inter = conf.diagonal(dim1=1, dim2=2).float()
+    total = (conf.sum(dim=2) + conf.sum(dim=1)).float()
+    return torch.where(total > 0, 2.0 * inter / total.clamp_min(1.0), torch.ones_like(total))
 
 
 def hd95_per_class(pred: Tensor, y: Tensor, num_classes: int,

@@ -5,7 +5,7 @@ from .deepbet import Deepbet, DeepbetBBox
 from .generators import ResnetGenerator, UnetGenerator, build_generator
 from .io import cache_dir, load_checkpoint, save_checkpoint
 from .nets import chexnet, small_cnn, small_unet
-from .sliding import SlidingWindow, TileWise, attack_tilewise, tile_slices
+from .sliding import SlidingWindow, TileWise, tile_slices
 from .training import fit_supervised
 from .zoo import available_models, load_model, zoo_entry, zoo_task
 
@@ -13,7 +13,7 @@ __all__ = [
     "cache_dir", "load_checkpoint", "save_checkpoint",
     "chexnet", "small_cnn", "small_unet",
     "UnetGenerator", "ResnetGenerator", "build_generator",
-    "SlidingWindow", "TileWise", "attack_tilewise", "tile_slices",
+    "SlidingWindow", "TileWise", "tile_slices",
     "fit_supervised",
     "available_models", "load_model", "zoo_entry", "zoo_task", "Deepbet", "DeepbetBBox",
 ]

@@ -28,8 +28,8 @@ from typing import Any
 
 from torch import nn
 
-from ..config_schema import ConfigError
 from ..params import closest
+from ..schema_base import ConfigError
 
 __all__ = ["monai_networks", "resolve_monai", "torchvision_networks", "resolve_torchvision", "no_download",
            "refuse_downloads", "file_names", "check_file", "import_file", "check_builder", "check_kwargs",

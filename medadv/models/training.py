@@ -1,7 +1,7 @@
 """Plain supervised training (no attacks): used by the demo, the examples and the tests.
 
-The implementation is :func:`medadv.training.fit_supervised`, on the loop shared with adversarial training
-and GAP; it is imported on first use so that ``medadv.models`` does not import ``medadv.training``.
+The implementation is :func:`medadv.training.fit_supervised` (defined in :mod:`medadv.models.fitting`, on the loop
+shared with adversarial training and GAP): ``medadv.models`` imports nothing from ``medadv.training``.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import os
 from torch import Tensor, nn
 
 from ..tasks import Task
+from .fitting import fit_supervised as fit
 
 __all__ = ["fit_supervised"]
 
@@ -20,7 +21,5 @@ def fit_supervised(model: nn.Module, task: Task, x: Tensor, y: Tensor, *, epochs
                    checkpoint: str | os.PathLike | None = None) -> list[float]:
     """Train ``model`` in place on ``(x, y)`` with Adam(``lr``) and the task's loss; returns the per-epoch mean
     loss. See :func:`medadv.training.fit_supervised` (seeded order, optional checkpoint with exact resume)."""
-    from ..training.supervised import fit_supervised as fit
-
     return fit(model, task, x, y, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, progress=progress,
                desc=desc, checkpoint=checkpoint)

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..runtime import target_for
-from ..tasks import Task
+from ..tasks import Task, available_tasks, task_class
 from .windows import DisplayWindow, WindowSpec, check_window, display_window, plane_aspect
 
 if TYPE_CHECKING:
@@ -43,13 +43,21 @@ if TYPE_CHECKING:
     from ..attacks.base import Attack
 
 __all__ = ["Case", "SaliencyPair", "make_cases", "select_cases", "worst_cases", "damage", "volume_axis_names",
-           "most_changed_voxel", "plot_case"]
+           "most_changed_voxel", "plot_case", "case_meta"]
 
-#: colours of segmentation classes 1, 2, ... (background is left transparent); colour-blind-safe (Okabe-Ito)
 #: the ways a case draws a prediction (:attr:`Case.kind`, a task's ``case_view``)
 CASE_VIEWS = ("classes", "labels", "map", "values", "image")
-_VIEW_ALIASES = {"multiclass": "classes", "multilabel": "labels", "segmentation": "map"}
 
+
+def _view_alias(kind: Any) -> Any:
+    """The view a registered task kind's name stands for: the kind's declared ``traits.report.case_view``
+    (``"multiclass"`` → ``"classes"``; ``"image"`` where it declares none); anything else unchanged."""
+    if isinstance(kind, str) and kind not in CASE_VIEWS and kind.lower() in available_tasks():
+        return task_class(kind).traits.report.case_view or "image"
+    return kind
+
+
+#: colours of segmentation classes 1, 2, ... (background is left transparent); colour-blind-safe (Okabe-Ito)
 SEG_COLOURS = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000")
 
 
@@ -95,7 +103,7 @@ class Case:
     window: WindowSpec = None
 
     def __post_init__(self) -> None:
-        self.kind = _VIEW_ALIASES.get(self.kind, self.kind)
+        self.kind = _view_alias(self.kind)
         if self.kind not in CASE_VIEWS:
             raise ValueError(f"`kind` must be one of {', '.join(map(repr, CASE_VIEWS))}, got {self.kind!r}")
         if self.x.shape != self.x_adv.shape:
@@ -260,6 +268,7 @@ def select_cases(
     ``outputs="probabilities"`` (and refused by the attack, before it steps, when it does not). ``spacing``
     and ``window`` as in :func:`make_cases`.
     """
+    from ..attack_cache import craft
     from ..runtime import attack_mode, forward_tensor, model_device
 
     window = check_window(window)  # refused before the attack runs
@@ -269,7 +278,7 @@ def select_cases(
     xd, yd = x.to(device), y.to(device)
     with attack_mode(model), torch.no_grad():
         clean_logits = forward_tensor(model, xd)
-    res = attack(model, xd, yd)
+    res = craft(attack, model, xd, yd)  # read back from the run's cache when this sample was attacked already
     if title is None:
         title = attack.name if attack.budget is None else f"{attack.name} ε={attack.budget:.4g}"
     return make_cases(task, x, res.x_adv, clean_logits, res.logits, y, k=k, class_names=class_names, title=title,
@@ -378,6 +387,7 @@ def worst_cases(
             spacing from its affine, else square voxels.
         window: the images' grey window (see :class:`Case`; the config's ``report: {window: ...}``).
     """
+    from ..attack_cache import craft
     from ..evaluation import _parse, _sample_hashes, _seeded, _Source, _targeted
     from ..runtime import attack_mode, forward_tensor, model_device
 
@@ -456,7 +466,8 @@ def worst_cases(
             with _seeded(seed, f"{b}:{name}:{atk.budget}", device):  # the key evaluate() seeds this batch with
                 fn = target_for(target_fn, name)
                 target = fn(x_d, y_d, clean_logits) if fn is not None and _targeted(atk) else y_d
-                res = atk(model, x_d, target, clean_logits=clean_logits)
+                # through the run's cache: inside a Run these are the examples evaluate() crafted, read back
+                res = craft(atk, model, x_d, target, clean_logits=clean_logits)
             for i in local:
                 sample = offset + i
                 row = next(r for r in wanted[name] if int(r["sample"]) == sample)
@@ -777,3 +788,28 @@ def plot_case(case: Case, path: str | Path | None = None, *, dpi: int = 110) -> 
 
         save_figure(fig, p, dpi=dpi)  # never through a link (issue 28)
     return fig
+
+
+# --- cases inside a study's section ----------------------------------------------------------------------------------
+def case_meta(cases: Sequence[Case]) -> list[dict[str, Any]]:
+    """Cases as a study's ``meta["cases"]``: each drawn with :func:`plot_case` into a PNG, ``[{title, note, png,
+    width, height}]`` with ``png`` the base64 text of the image and its size in pixels.
+
+    The study's report section shows one figure per entry after its own blocks (alt text ``"case: <title>"``).
+    Images, not tensors, are kept: the study's JSON stays small (about 60 kB per case instead of the volume)
+    and strict JSON.
+    """
+    if isinstance(cases, Case) or not isinstance(cases, Sequence) or isinstance(cases, str):
+        raise TypeError(f"`cases` must be a list of Case objects (make_cases, select_cases), got "
+                        f"{type(cases).__name__}")
+    bad = [i for i, c in enumerate(cases) if not isinstance(c, Case)]
+    if bad:
+        raise TypeError(f"`cases` must hold Case objects only; item {bad[0]} is {type(cases[bad[0]]).__name__}")
+    from .blocks import figure_image
+
+    out = []
+    for c in cases:
+        img = figure_image(plot_case(c), f"case: {c.title}")  # the report's PNG settings (dpi, white background)
+        out.append({"title": c.title, "note": c.note, "png": img.src.split(",", 1)[1], "width": img.width,
+                    "height": img.height})
+    return out

@@ -9,9 +9,11 @@ mailed or archived and opens the same anywhere. The page is built from the Jinja
 
 Sections (each only when there is something to show): key findings, settings, summary table, robustness
 curves per attack, per-class results, attack-specific outputs, worst case per ensemble member, gradient-
-masking checks, one section per study (class-wise with CFPS and confusion heatmaps, transfer heatmap,
-corruption curves, noise baseline, frequency bands, models, feature/label correlation, certified vs.
-empirical curves of a smoothed model), cases, saliency.
+masking checks, one section per study, cases, saliency.
+
+This module draws the evaluation's sections and assembles the page; each study's section is drawn by its own
+module (the ``draw`` of :func:`medadv.studies.register_study`, looked up in :mod:`medadv.report.sections`, which
+``register_study`` fills; a study without one is shown as its rows) from the public building blocks of :mod:`medadv.report.blocks`.
 
 Example::
 
@@ -27,277 +29,64 @@ Example::
 
 from __future__ import annotations
 
-import base64
-import io
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 from ..results import DETAIL_PREFIX, ENSEMBLE_DETAILS, Results, summary_columns
+from .blocks import (
+    METRIC_NAMES,
+    PALETTE,
+    Bullets,
+    Cell,
+    Image,
+    Section,
+    StudyDrawer,
+    StudyLike,
+    Table,
+    Text,
+    bars,
+    budget_sort,
+    ci95,
+    data_table,
+    escape,
+    family,
+    figure_image,
+    fmt,
+    fmt_budget,
+    fmt_ci,
+    grid,
+    is_nan,
+    is_num,
+    legend_top,
+    mean_of,
+    metric_label,
+    pyplot,
+    raw_table,
+    setting_key,
+    style_axes,
+)
 from .cases import SEG_COLOURS, Case, SaliencyPair, plot_case
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["write_html_report", "render_html_report", "StudyLike"]
+#: the text a study's case figure may hold (base64 of the PNG; case_meta writes it)
+_BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
 
-#: Okabe-Ito colours (colour-blind safe) for attacks, corruptions and models in line and bar plots
-PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
-MARKERS = "osD^vP*Xh<>"
-_METRIC_NAMES = {"correct": "accuracy", "mean_dice": "mean Dice", "label_accuracy": "label accuracy",
-                 "exact_match": "exact match", "dice": "Dice", "macro_auc": "macro AUC",
-                 "pixel_accuracy": "pixel accuracy", "hd95": "HD95", "miou": "mIoU",
-                 "worst-of": "worst-of score (the average of Dice, pixel accuracy and mIoU)"}
-
-
-@runtime_checkable
-class StudyLike(Protocol):
-    """What the report reads from a study (:class:`medadv.studies.base.StudyResult` has it)."""
-
-    study: str
-    rows: list[dict[str, Any]]
-    meta: dict[str, Any]
-
-
-# --- page blocks (what the template renders) ------------------------------------------------------------------------
-@dataclass
-class Cell:
-    text: str
-    cls: str = ""
-    title: str = ""
-
-
-@dataclass
-class Table:
-    headers: list[Cell]
-    rows: list[list[Cell]]
-    caption: str = ""
-    collapsed: bool = False  # inside a <details> element (long raw tables)
-    kind: str = "table"
-
-
-@dataclass
-class Image:
-    src: str
-    width: int
-    height: int
-    alt: str
-    caption: str = ""
-    kind: str = "figure"
-
-
-@dataclass
-class Text:
-    paragraphs: list[str]
-    cls: str = ""
-    kind: str = "text"
-
-
-@dataclass
-class Bullets:
-    items: list[str]
-    cls: str = ""
-    kind: str = "bullets"
-
-
-@dataclass
-class Section:
-    id: str
-    title: str
-    intro: str = ""
-    blocks: list[Any] = field(default_factory=list)
-
-
-# --- formatting -----------------------------------------------------------------------------------------------------
-def _h(text: Any) -> str:
-    """``text`` escaped for the HTML of ours (findings, intros), where the template does not escape: every user
-    string (attack ids, class and model names, titles, paths) goes through it."""
-    from markupsafe import escape
-
-    return str(escape(str(text)))
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
-
-
-def _nan(v: Any) -> bool:
-    return v is None or (isinstance(v, float) and math.isnan(v))
-
-
-def fmt(v: Any, digits: int = 3) -> str:
-    """A cell's text: floats to ``digits`` decimals (significant digits when small), NaN/None as ``–``."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "–"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        if v != 0 and (abs(v) < 10 ** -digits or abs(v) >= 1e5):
-            return f"{v:.{digits}g}"
-        return f"{v:.{digits}f}"
-    if isinstance(v, list | tuple):
-        return " / ".join(fmt(x, digits) for x in v)
-    return str(v)
-
-
-def fmt_budget(b: Any) -> str:
-    """A budget in data units, with its ``k/255`` form when it is one (``0.0314 (8/255)``)."""
-    if not _is_num(b):
-        return "–" if b is None else str(b)
-    k = float(b) * 255
-    if 0 < k < 255 and abs(k - round(k)) < 1e-6:
-        return f"{float(b):.4g} ({round(k)}/255)"
-    return f"{float(b):.4g}"
-
-
-def metric_label(col: str) -> str:
-    """``adv_mean_dice`` -> ``mean Dice (attacked)``, ``clean_correct`` -> ``accuracy (clean)``."""
-    for prefix, tag in (("adv_", " (attacked)"), ("clean_", " (clean)")):
-        if col.startswith(prefix):
-            base = col.removeprefix(prefix)
-            return _METRIC_NAMES.get(base, base.replace("_", " ")) + tag
-    if col.startswith(DETAIL_PREFIX):
-        return col.removeprefix(DETAIL_PREFIX).replace("_", " ")
-    return _METRIC_NAMES.get(col, col.replace("_", " "))
-
-
-def _header(col: str) -> Cell:
-    return Cell(metric_label(col), title=col)
-
-
-def _cell(col: str, v: Any) -> Cell:
-    if col == "budget":
-        return Cell(fmt_budget(v), "num")
-    return Cell(fmt(v), "num" if _is_num(v) or v is None else "")
-
-
-def _table(rows: Sequence[Mapping[str, Any]], cols: Sequence[str], caption: str = "",
-           collapsed: bool = False) -> Table:
-    return Table([_header(c) for c in cols], [[_cell(c, r.get(c)) for c in cols] for r in rows], caption, collapsed)
-
-
-def _plain_table(rows: Sequence[Mapping[str, Any]], caption: str = "", collapsed: bool = True,
-                 limit: int = 400) -> Table:
-    """Every column of ``rows`` (a study's raw table), at most ``limit`` rows."""
-    cols: dict[str, None] = {}
-    for r in rows:
-        for c in r:
-            cols.setdefault(c, None)
-    shown = list(rows)[:limit]
-    more = f" (first {limit} of {len(rows)} rows)" if len(rows) > limit else ""
-    return Table([Cell(c) for c in cols], [[_cell(c, r.get(c)) for c in cols] for r in shown], caption + more,
-                 collapsed)
-
-
-# --- figures --------------------------------------------------------------------------------------------------------
-def _plt() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def figure_image(fig: Figure, alt: str, caption: str = "", dpi: int = 110) -> Image:
-    """Embed a matplotlib figure as a base64 PNG (the figure is closed)."""
-    plt = _plt()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, facecolor="white")
-    plt.close(fig)
-    data = buf.getvalue()
-    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")  # PNG IHDR
-    return Image("data:image/png;base64," + base64.b64encode(data).decode("ascii"), width, height, alt, caption)
-
-
-def _grid(n: int, ncols: int = 3, w: float = 4.0, h: float = 3.1) -> tuple[Any, list[Any]]:
-    plt = _plt()
-    ncols = max(1, min(ncols, n))
-    nrows = max(1, math.ceil(n / ncols))
-    fig, axes = plt.subplots(nrows, ncols, figsize=(w * ncols, h * nrows), squeeze=False)
-    flat = [ax for row in axes for ax in row]
-    for ax in flat[n:]:
-        ax.set_visible(False)
-    return fig, flat[:n]
-
-
-def _style(ax: Any, xlabel: str = "", ylabel: str = "", title: str = "") -> None:
-    ax.set_xlabel(xlabel, fontsize=9)
-    ax.set_ylabel(ylabel, fontsize=9)
-    if title:
-        ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.tick_params(labelsize=8)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-
-
-def _heatmap(ax: Any, m: Sequence[Sequence[Any]], rows: Sequence[str], cols: Sequence[str], *, title: str = "",
-             cmap: str = "viridis", vmin: float | None = None, vmax: float | None = None, digits: int = 2,
-             xlabel: str = "", ylabel: str = "", colorbar: bool = True) -> None:
-    import numpy as np
-
-    a = np.array([[np.nan if _nan(v) else float(v) for v in row] for row in m], dtype=float)
-    im = ax.imshow(a, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
-    ax.set_xticks(range(a.shape[1]))
-    ax.set_yticks(range(a.shape[0]))
-    small = max(a.shape) > 8
-    ax.set_xticklabels(cols, fontsize=7 if small else 8, rotation=45 if max(map(len, cols), default=0) > 3 else 0,
-                       ha="right" if max(map(len, cols), default=0) > 3 else "center")
-    ax.set_yticklabels(rows, fontsize=7 if small else 8)
-    if max(a.shape) <= 12:
-        lo = np.nanmin(a) if vmin is None and np.isfinite(a).any() else (vmin or 0.0)
-        hi = np.nanmax(a) if vmax is None and np.isfinite(a).any() else (vmax if vmax is not None else 1.0)
-        mid = (lo + hi) / 2
-        for i in range(a.shape[0]):
-            for j in range(a.shape[1]):
-                if np.isfinite(a[i, j]):
-                    if cmap in ("RdBu_r", "RdBu", "seismic", "coolwarm"):  # diverging: dark at both ends
-                        dark = abs(a[i, j] - mid) > 0.6 * (hi - mid)
-                    elif cmap in ("viridis", "magma", "inferno", "cividis"):  # dark at the low end
-                        dark = a[i, j] < mid
-                    else:  # sequential light-to-dark (Blues)
-                        dark = a[i, j] > mid
-                    ax.text(j, i, f"{a[i, j]:.{digits}f}", ha="center", va="center", fontsize=7 if small else 8,
-                            color="white" if dark else "black")
-    if title:
-        ax.set_title(title, fontsize=10)
-    ax.set_xlabel(xlabel, fontsize=9)
-    ax.set_ylabel(ylabel, fontsize=9)
-    if colorbar:
-        ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04).ax.tick_params(labelsize=7)
-
-
-def _family(name: str) -> str:
-    return str(name).split("@", 1)[0]
-
-
-def _key(attack: Any, budget: Any) -> str:
-    """``pgd ε=0.0314 (8/255)`` for attack ``pgd`` or ``pgd@0.0314`` at that budget."""
-    return str(attack) if budget is None else f"{_family(attack)} ε={fmt_budget(budget)}"
-
+# the building blocks stay importable from here (`from medadv.report.html import fmt, ci95`)
+__all__ = ["write_html_report", "render_html_report", "volume_rows", "StudyLike", "fmt", "fmt_budget", "fmt_ci",
+           "ci95", "metric_label", "figure_image"]
 
 def _by_family(summary: Iterable[Mapping[str, Any]]) -> dict[str, list[Any]]:
     """Summary rows per attack family (``pgd@0.03`` and ``pgd@0.06`` are both ``pgd``), budgets ascending."""
     out: dict[str, list[Any]] = {}
     for r in summary:
-        out.setdefault(_family(r["attack"]), []).append(r)
-    return {k: sorted(v, key=lambda r: _budget_sort(r["budget"])) for k, v in out.items()}
-
-
-def _groups(rows: Iterable[Mapping[str, Any]], keys: Sequence[str]) -> dict[tuple[Any, ...], list[Any]]:
-    out: dict[tuple[Any, ...], list[Any]] = {}
-    for r in rows:
-        out.setdefault(tuple(r.get(k) for k in keys), []).append(r)
-    return out
-
-
-def _mean(vals: Iterable[Any]) -> float:
-    v = [float(x) for x in vals if not _nan(x)]
-    return sum(v) / len(v) if v else float("nan")
+        out.setdefault(family(r["attack"]), []).append(r)
+    return {k: sorted(v, key=lambda r: budget_sort(r["budget"])) for k, v in out.items()}
 
 
 # --- the evaluation (Results) ---------------------------------------------------------------------------------------
@@ -310,12 +99,8 @@ def _headline(summary: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def _budget_sort(b: Any) -> float:
-    return -1.0 if b is None else float(b)
-
-
 def _findings(results: Results, summary: list[dict[str, Any]], metric: str | None) -> list[str]:
-    """The key findings (HTML of ours; every user string passes :func:`_h`): the clean metric, each attack at
+    """The key findings (HTML of ours; every user string passes :func:`escape`): the clean metric, each attack at
     its largest budget, and the strongest attack among the in-ball attacks of one budget and norm.
 
     Attacks are ranked only against attacks of the same budget and norm: a non-Lp attack (no budget) or one
@@ -326,40 +111,40 @@ def _findings(results: Results, summary: list[dict[str, Any]], metric: str | Non
     from ..tasks import lower_is_better
 
     lower_better = lower_is_better(metric)
-    name = _METRIC_NAMES.get(metric, metric)
+    name = METRIC_NAMES.get(metric, metric)
     balls = results.ball_check()
-    clean = _mean(r.get(f"clean_{metric}") for r in summary)
-    out.append(f"Clean {_h(name)}: <b>{fmt(clean)}</b> on {max(int(r['n']) for r in summary)} samples.")
+    clean = mean_of(r.get(f"clean_{metric}") for r in summary)
+    out.append(f"Clean {escape(name)}: <b>{fmt(clean)}</b> on {max(int(r['n']) for r in summary)} samples.")
     for fam, rows in _by_family(summary).items():
         r = rows[-1]  # the largest budget: the clearest effect
         adv = r.get(f"adv_{metric}")
-        if _nan(adv):
+        if is_nan(adv):
             continue
         rel = ""
         if clean and clean > 0:
             change = 100 * (adv - clean) / clean
             rel = f" ({abs(change):.0f}% {'higher' if change > 0 else 'lower'})"
-        if _is_num(r.get("changed_fraction")):
+        if is_num(r.get("changed_fraction")):
             effect = f"; {100 * r['changed_fraction']:.1f}% of voxels changed"
-        elif _is_num(r.get("fooled")):
+        elif is_num(r.get("fooled")):
             effect = f"; {100 * r['fooled']:.0f}% of samples fooled"
         else:
             effect = ""
         at = "" if r["budget"] is None else f" at ε = {fmt_budget(r['budget'])}"
         ball = balls.get((r["attack"], r["budget"]))
         mark = "" if ball is None or ball["status"] == "in" else (
-            f" <span class='warn'>{_h(Results.ball_note(ball, r['budget']))}: not ranked</span>")
-        out.append(f"<b>{_h(fam)}</b>{at}: {_h(name)} {fmt(clean)} → <b>{fmt(adv)}</b>{rel}{effect}.{mark}")
+            f" <span class='warn'>{escape(Results.ball_note(ball, r['budget']))}: not ranked</span>")
+        out.append(f"<b>{escape(fam)}</b>{at}: {escape(name)} {fmt(clean)} → <b>{fmt(adv)}</b>{rel}{effect}.{mark}")
     # the strongest attack: among the in-ball attacks of one norm and budget, at the largest budget where at
     # least two attack families ran (one attack alone is not "strongest" of anything)
     comparable: dict[tuple[str, float], list[tuple[float, str]]] = {}
     for r in summary:
         ball = balls.get((r["attack"], r["budget"]))
         adv = r.get(f"adv_{metric}")
-        if ball is None or ball["status"] != "in" or adv is None or _nan(adv):
+        if ball is None or ball["status"] != "in" or adv is None or is_nan(adv):
             continue
         damage = float(adv) if not lower_better else -float(adv)  # the worst: lowest accuracy, largest error
-        comparable.setdefault((ball["norm"], float(r["budget"])), []).append((damage, _family(r["attack"])))
+        comparable.setdefault((ball["norm"], float(r["budget"])), []).append((damage, family(r["attack"])))
     ranked = [(b, norm, entries) for (norm, b), entries in comparable.items()
               if len({fam for _, fam in entries}) >= 2]
     if ranked:
@@ -368,7 +153,7 @@ def _findings(results: Results, summary: list[dict[str, Any]], metric: str | Non
         sym = "L∞" if norm == "Linf" else "L2"
         value = abs(damage) if lower_better else damage
         out.append(f"Strongest attack at ε = {fmt_budget(budget)} ({sym}, {len(entries)} attacks at this budget): "
-                   f"<b>{_h(fam)}</b> ({_h(name)} {fmt(value)}).")
+                   f"<b>{escape(fam)}</b> ({escape(name)} {fmt(value)}).")
     flags = results.masking_flags()
     if flags:
         out.append(f"<span class='warn'>{len(flags)} gradient-masking check(s) fired</span>: the robust numbers "
@@ -379,13 +164,13 @@ def _findings(results: Results, summary: list[dict[str, Any]], metric: str | Non
 def _curves(results: Results, summary: list[dict[str, Any]], metric: str, class_names: Sequence[str] | None
             ) -> list[Any]:
     blocks: list[Any] = []
-    rows = [r for r in summary if r["budget"] is not None and not _nan(r.get(f"adv_{metric}"))]
+    rows = [r for r in summary if r["budget"] is not None and not is_nan(r.get(f"adv_{metric}"))]
     if not rows:
         return blocks
-    clean = _mean(r.get(f"clean_{metric}") for r in summary)
+    clean = mean_of(r.get(f"clean_{metric}") for r in summary)
     fams = _by_family(rows)
-    out_of_ball = {_family(a) for (a, _), e in results.ball_check().items() if e["status"] == "out"}
-    plt = _plt()
+    out_of_ball = {family(a) for (a, _), e in results.ball_check().items() if e["status"] == "out"}
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.6, 4.0))
     for i, (fam, rs) in enumerate(fams.items()):
         ax.plot([0.0] + [float(r["budget"]) for r in rs], [clean] + [float(r[f"adv_{metric}"]) for r in rs],
@@ -393,8 +178,8 @@ def _curves(results: Results, summary: list[dict[str, Any]], metric: str, class_
                 ls=":" if fam in out_of_ball else "-" if i < len(PALETTE) else "--",
                 label=fam + (" (left its ε-ball)" if fam in out_of_ball else ""))
     ax.axhline(clean, color="grey", ls="--", lw=1, label="clean")
-    _style(ax, "budget ε (data units)", _METRIC_NAMES.get(metric, metric), f"{_METRIC_NAMES.get(metric, metric)} "
-           "vs attack budget")
+    style_axes(ax, "budget ε (data units)", METRIC_NAMES.get(metric, metric), f"{METRIC_NAMES.get(metric, metric)} "
+               "vs attack budget")
     ax.set_ylim(bottom=min(0.0, ax.get_ylim()[0]))
     ax.legend(fontsize=8, frameon=False, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
@@ -406,23 +191,23 @@ def _curves(results: Results, summary: list[dict[str, Any]], metric: str, class_
     # per-class curves (segmentation Dice per class, ...), one panel per attack
     per = "dice" if metric == "mean_dice" else None
     if per and any(isinstance(r.get(f"adv_{per}"), list) for r in rows):
-        fig, axes = _grid(len(fams), 3, 3.8, 2.9)
+        fig, axes = grid(len(fams), 3, 3.8, 2.9)
         for ax, (fam, rs) in zip(axes, fams.items(), strict=False):
             k = len(rs[0][f"adv_{per}"])
             names = list(class_names)[:k] if class_names and len(class_names) >= k else [str(j) for j in range(k)]
             for j in _counted(results.meta, k):  # the background only when the mean Dice counts it
-                c0 = _mean(r[f"clean_{per}"][j] for r in rs)
+                c0 = mean_of(r[f"clean_{per}"][j] for r in rs)
                 ys = [r[f"adv_{per}"][j] for r in rs]
-                if _nan(c0) and all(_nan(y) for y in ys):  # a class the metric leaves out
+                if is_nan(c0) and all(is_nan(y) for y in ys):  # a class the metric leaves out
                     continue
-                ax.plot([0.0] + [float(r["budget"]) for r in rs], [c0] + [math.nan if _nan(y) else y for y in ys],
+                ax.plot([0.0] + [float(r["budget"]) for r in rs], [c0] + [math.nan if is_nan(y) else y for y in ys],
                         marker=".", label=names[j],  # a class has the colour of its label in the case figures
                         color=SEG_COLOURS[(j - 1) % len(SEG_COLOURS)] if j else "#777777")
-            _style(ax, "budget ε", _METRIC_NAMES.get(per, per), fam)
+            style_axes(ax, "budget ε", METRIC_NAMES.get(per, per), fam)
             ax.set_ylim(-0.02, 1.02)
-        _legend_top(fig, axes[0])
+        legend_top(fig, axes[0])
         blocks.append(figure_image(fig, f"per-class {per} vs budget, one panel per attack",
-                                   f"{_METRIC_NAMES.get(per, per)} of each class against the budget, one panel per "
+                                   f"{METRIC_NAMES.get(per, per)} of each class against the budget, one panel per "
                                    "attack: which structure breaks first."))
     return blocks
 
@@ -465,7 +250,7 @@ def _per_class_samples(results: Results, metric: str) -> tuple[str, PerClass]:
 def _per_class_values(results: Results, metric: str) -> tuple[str, dict[tuple[Any, Any], tuple[list[float], list[float]]]]:
     """Per (attack, budget): per-class clean and attacked means (Dice, recall or per-label accuracy)."""
     what, samples = _per_class_samples(results, metric)
-    return what, {key: ([_mean(v) for v in c], [_mean(v) for v in a]) for key, (c, a) in samples.items()}
+    return what, {key: ([mean_of(v) for v in c], [mean_of(v) for v in a]) for key, (c, a) in samples.items()}
 
 
 def _hd95_samples(results: Results) -> PerClass:
@@ -509,68 +294,12 @@ def _hd95_unit(meta: Mapping[str, Any]) -> str:
     return "mm or voxels"
 
 
-def ci95(values: Iterable[Any], *, resamples: int = 2000, seed: int = 0) -> tuple[float, float] | None:
-    """A 95 % bootstrap confidence interval of the mean of ``values`` (None/NaN left out; percentile method,
-    a fixed seed so the report is reproducible); None for fewer than two values."""
-    import numpy as np
-
-    v = np.array([float(x) for x in values if not _nan(x)], dtype=np.float64)
-    if v.size < 2:
-        return None
-    idx = np.random.default_rng(seed).integers(0, v.size, size=(resamples, v.size))
-    means = v[idx].mean(axis=1)
-    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
-
-
-def fmt_ci(ci: tuple[float, float] | None, digits: int = 3) -> str:
-    """``0.412–0.530`` (or ``–`` without an interval)."""
-    return "–" if ci is None else f"{fmt(ci[0], digits)}–{fmt(ci[1], digits)}"
-
-
-def _bars(ax: Any, names: Sequence[str], series: Sequence[tuple[str, Sequence[Any]]], ylabel: str = "",
-          title: str = "", ylim: tuple[float, float] | None = (0.0, 1.0),
-          errors: Sequence[Sequence[tuple[float, float] | None]] | None = None) -> None:
-    """Grouped bars, one group per name, one bar per series; ``errors``: per series, per name, an interval
-    (e.g. :func:`ci95`) drawn as an error bar."""
-    n = len(series)
-    width = 0.8 / max(n, 1)
-    for i, (label, vals) in enumerate(series):
-        xs = [j + (i - (n - 1) / 2) * width for j in range(len(names))]
-        colour = "#999999" if label == "clean" else PALETTE[(i - 1) % len(PALETTE)] if series[0][0] == "clean" \
-            else PALETTE[i % len(PALETTE)]
-        heights = [0.0 if _nan(v) else float(v) for v in vals]
-        ax.bar(xs, heights, width=width, label=label, color=colour)
-        if errors is not None and i < len(errors):
-            pts = [(x, h, e) for x, h, e, v in zip(xs, heights, errors[i], vals, strict=False)
-                   if e is not None and not _nan(v)]
-            if pts:
-                ax.errorbar([x for x, _, _ in pts], [h for _, h, _ in pts], fmt="none", ecolor="#333333",
-                            elinewidth=0.9, capsize=2.5,
-                            yerr=[[max(0.0, h - e[0]) for _, h, e in pts], [max(0.0, e[1] - h) for _, h, e in pts]])
-    ax.set_xticks(range(len(names)))
-    rot = 30 if max(map(len, names), default=0) > 6 or len(names) > 8 else 0
-    ax.set_xticklabels(names, rotation=rot, ha="right" if rot else "center", fontsize=8)
-    if ylim is not None:
-        ax.set_ylim(*ylim)
-    _style(ax, "", ylabel, title)
-    ax.grid(axis="x", visible=False)
-
-
-def _legend_top(fig: Any, ax: Any, ncol: int = 6) -> None:
-    """One legend for the whole figure (the series of ``ax``), above the panels; then lay the figure out."""
-    handles, labels = ax.get_legend_handles_labels()
-    rows = math.ceil(len(handles) / ncol) if handles else 0
-    if handles:
-        fig.legend(handles, labels, loc="upper center", ncol=min(ncol, len(handles)), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0, 1, 1 - (0.08 + 0.22 * rows) / fig.get_figheight()))
-
-
 def _largest_budgets(keys: Iterable[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
     """Per attack family its largest budget (the clearest effect); attacks without budget as they are."""
     last: dict[Any, tuple[Any, Any]] = {}
     for attack, budget in keys:
-        fam = _family(attack)
-        if fam not in last or _budget_sort(budget) > _budget_sort(last[fam][1]):
+        fam = family(attack)
+        if fam not in last or budget_sort(budget) > budget_sort(last[fam][1]):
             last[fam] = (attack, budget)
     return list(last.values())
 
@@ -579,34 +308,34 @@ def _per_class_section(results: Results, metric: str, class_names: Sequence[str]
     what, samples = _per_class_samples(results, metric)
     if not samples:
         return None
-    vals = {key: ([_mean(v) for v in c], [_mean(v) for v in a]) for key, (c, a) in samples.items()}
+    vals = {key: ([mean_of(v) for v in c], [mean_of(v) for v in a]) for key, (c, a) in samples.items()}
     k = len(next(iter(vals.values()))[0])
     names = list(class_names)[:k] if class_names and len(class_names) >= k else [str(j) for j in range(k)]
     # classes the metric leaves out (e.g. the background of a Dice without it) are not drawn
     counted = _counted(results.meta, k) if what == "Dice" else list(range(k))
-    keep = [j for j in counted if any(not _nan(v) for c, a in vals.values() for v in (c[j], a[j]))]
+    keep = [j for j in counted if any(not is_nan(v) for c, a in vals.values() for v in (c[j], a[j]))]
     vals = {key: ([c[j] for j in keep], [a[j] for j in keep]) for key, (c, a) in vals.items()}
     cis = {key: ([ci95(c[j]) for j in keep], [ci95(a[j]) for j in keep]) for key, (c, a) in samples.items()}
     hd = _hd95_samples(results)
     hd = {key: ([c[j] for j in keep if j < len(c)], [a[j] for j in keep if j < len(a)]) for key, (c, a) in hd.items()}
     names, k = [names[j] for j in keep], len(keep)
     keys = _largest_budgets(vals)
-    fig, axes = _grid(len(keys), 3, min(6.0, max(3.4, 0.45 * k + 1.6)), 2.7)
+    fig, axes = grid(len(keys), 3, min(6.0, max(3.4, 0.45 * k + 1.6)), 2.7)
     for ax, key in zip(axes, keys, strict=False):
         c, a = vals[key]
-        _bars(ax, names, [("clean", c), ("attacked", a)], what, _key(*key), errors=list(cis[key]))
-    _legend_top(fig, axes[0])
+        bars(ax, names, [("clean", c), ("attacked", a)], what, setting_key(*key), errors=list(cis[key]))
+    legend_top(fig, axes[0])
     blocks: list[Any] = [figure_image(fig, f"per-class {what}, clean vs attacked, one panel per attack",
                                       "Bars: the mean over the cases; whiskers: its 95% bootstrap confidence "
                                       "interval (wide when there are few cases).")]
     unit = _hd95_unit(results.meta)
     hd_keys = [key for key in keys if key in hd]
     if hd_keys:
-        fig, axes = _grid(len(hd_keys), 3, min(6.0, max(3.4, 0.45 * k + 1.6)), 2.7)
+        fig, axes = grid(len(hd_keys), 3, min(6.0, max(3.4, 0.45 * k + 1.6)), 2.7)
         for ax, key in zip(axes, hd_keys, strict=False):
             hc, ha = hd[key]
-            _bars(ax, names, [("clean", [_mean(v) for v in hc]), ("attacked", [_mean(v) for v in ha])],
-                  f"HD95 ({unit})", _key(*key), None, errors=[[ci95(v) for v in hc], [ci95(v) for v in ha]])
+            bars(ax, names, [("clean", [mean_of(v) for v in hc]), ("attacked", [mean_of(v) for v in ha])],
+                 f"HD95 ({unit})", setting_key(*key), None, errors=[[ci95(v) for v in hc], [ci95(v) for v in ha]])
             ax.set_ylim(bottom=0)
             grp = results.groups().get(key, [])
             if grp and all(isinstance(r.get("adv_missed"), list) for r in grp):
@@ -615,7 +344,7 @@ def _per_class_section(results: Results, metric: str, class_names: Sequence[str]
                     if n_missed:
                         ax.text(pos, 0, f"missed {n_missed}/{len(grp)}", rotation=90, ha="left", va="bottom",
                                 fontsize=7, color="#c00000")
-        _legend_top(fig, axes[0])
+        legend_top(fig, axes[0])
         blocks.append(figure_image(fig, "per-class HD95, clean vs attacked, one panel per attack",
                                    f"95th-percentile Hausdorff distance ({unit}) per class, mean over the cases with "
                                    "whiskers for its 95% bootstrap interval; lower is better. A case where the class is "
@@ -625,27 +354,27 @@ def _per_class_section(results: Results, metric: str, class_names: Sequence[str]
                                    "(in neither), clean / attacked."))
     table_rows = []
     groups = results.groups()
-    for key in sorted(vals, key=lambda kb: (str(kb[0]), _budget_sort(kb[1]))):
+    for key in sorted(vals, key=lambda kb: (str(kb[0]), budget_sort(kb[1]))):
         c, a = vals[key]
         grp = groups.get(key, [])
         counts = what == "Dice" and bool(grp) and all(
             isinstance(r.get(f"{w}_{m}"), list) for r in grp for w in ("clean", "adv") for m in ("missed", "absent"))
         for j in range(k):
             row: dict[str, Any] = {
-                "attack": _family(key[0]), "budget": key[1], "class": names[j], f"clean {what}": c[j],
+                "attack": family(key[0]), "budget": key[1], "class": names[j], f"clean {what}": c[j],
                 f"attacked {what}": a[j], "95% CI": fmt_ci(cis[key][1][j]),
-                "drop": None if _nan(c[j]) or _nan(a[j]) else c[j] - a[j]}
+                "drop": None if is_nan(c[j]) or is_nan(a[j]) else c[j] - a[j]}
             if key in hd and j < len(hd[key][0]):
                 hc, ha = hd[key][0][j], hd[key][1][j]
-                row.update({"clean HD95": _mean(hc), "attacked HD95": _mean(ha), "HD95 CI": fmt_ci(ci95(ha), 2),
-                            "HD95 undefined": f"{sum(_nan(v) for v in hc)} / {sum(_nan(v) for v in ha)} of {len(ha)}"})
+                row.update({"clean HD95": mean_of(hc), "attacked HD95": mean_of(ha), "HD95 CI": fmt_ci(ci95(ha), 2),
+                            "HD95 undefined": f"{sum(is_nan(v) for v in hc)} / {sum(is_nan(v) for v in ha)} of {len(ha)}"})
             if counts:  # missed and absent structures, which no HD95 mean counts (class index keep[j])
                 for m in ("missed", "absent"):
                     row[m] = (f"{sum(bool(r['clean_' + m][keep[j]]) for r in grp)} / "
                               f"{sum(bool(r['adv_' + m][keep[j]]) for r in grp)} of {len(grp)}")
             table_rows.append(row)
     caption = f"per-class {what}" + (f" and HD95 ({unit})" if hd_keys else "") + " for every attack and budget"
-    blocks.append(_plain_table(table_rows, caption, collapsed=len(table_rows) > 24))
+    blocks.append(raw_table(table_rows, caption, collapsed=len(table_rows) > 24))
     said = ("<i>95% CI</i> is the 95% bootstrap confidence interval of the attacked mean over the cases"
             + ("; <i>HD95 CI</i> the same for the attacked HD95; <i>HD95 undefined</i> counts the cases without an "
                "HD95 (the class absent from the label or the prediction), clean / attacked; the HD95 means and "
@@ -673,8 +402,8 @@ def volume_rows(results: Results, class_names: Sequence[str] | None = None) -> l
     ascending within an attack."""
     groups = results.groups()
     out: list[dict[str, Any]] = []
-    order = {f: i for i, f in enumerate(dict.fromkeys(_family(a) for a, _ in groups))}  # as the other figures
-    for key in sorted(groups, key=lambda kb: (order[_family(kb[0])], _budget_sort(kb[1]), str(kb[0]))):
+    order = {f: i for i, f in enumerate(dict.fromkeys(family(a) for a, _ in groups))}  # as the other figures
+    for key in sorted(groups, key=lambda kb: (order[family(kb[0])], budget_sort(kb[1]), str(kb[0]))):
         rows = [r for r in groups[key] if isinstance(r.get("adv_volume_ml"), list)]
         if not rows:
             continue
@@ -686,9 +415,9 @@ def volume_rows(results: Results, class_names: Sequence[str] | None = None) -> l
 
             pct = col("volume_change_pct")
             out.append({"attack": key[0], "budget": key[1], "class": names[j],
-                        "reference (ml)": _mean(col("ref_volume_ml")), "clean (ml)": _mean(col("clean_volume_ml")),
-                        "attacked (ml)": _mean(col("adv_volume_ml")), "change (ml)": _mean(col("volume_change_ml")),
-                        "change (%)": _mean(pct), "change % 95% CI": fmt_ci(ci95(pct), 2), "n": len(rows)})
+                        "reference (ml)": mean_of(col("ref_volume_ml")), "clean (ml)": mean_of(col("clean_volume_ml")),
+                        "attacked (ml)": mean_of(col("adv_volume_ml")), "change (ml)": mean_of(col("volume_change_ml")),
+                        "change (%)": mean_of(pct), "change % 95% CI": fmt_ci(ci95(pct), 2), "n": len(rows)})
     return out
 
 
@@ -698,28 +427,28 @@ def _volume_section(results: Results, class_names: Sequence[str] | None) -> Sect
         return None
     blocks: list[Any] = []
     classes = list(dict.fromkeys(r["class"] for r in table_rows))
-    budgeted = [r for r in table_rows if _is_num(r["budget"])]
+    budgeted = [r for r in table_rows if is_num(r["budget"])]
     if budgeted:  # volume change against the budget, one line per attack, one panel per class
         shown = classes[:6]
-        fig, axes = _grid(len(shown), 3, 4.2, 3.0)
-        fams = list(dict.fromkeys(_family(r["attack"]) for r in budgeted))
+        fig, axes = grid(len(shown), 3, 4.2, 3.0)
+        fams = list(dict.fromkeys(family(r["attack"]) for r in budgeted))
         for ax, name in zip(axes, shown, strict=False):
             for i, fam in enumerate(fams):
-                rs = sorted((r for r in budgeted if r["class"] == name and _family(r["attack"]) == fam),
-                            key=lambda r: _budget_sort(r["budget"]))
+                rs = sorted((r for r in budgeted if r["class"] == name and family(r["attack"]) == fam),
+                            key=lambda r: budget_sort(r["budget"]))
                 if rs:
                     ax.plot([0.0] + [float(r["budget"]) for r in rs], [0.0] + [r["change (%)"] for r in rs],
                             marker="o", lw=1.6, color=PALETTE[i % len(PALETTE)], label=fam,
                             ls="-" if i < len(PALETTE) else "--")
             ax.axhline(0.0, color="grey", lw=0.8, ls="--")
-            _style(ax, "budget ε (data units)", "volume change (%)", str(name))
-        _legend_top(fig, axes[0])
+            style_axes(ax, "budget ε (data units)", "volume change (%)", str(name))
+        legend_top(fig, axes[0])
         blocks.append(figure_image(fig, "volume change (%) vs budget, one line per attack, one panel per class",
                                    "The mean change of each class's predicted volume, attacked − clean, in % of the "
                                    "clean volume; 0 at ε = 0. Below 0: the attack shrank the structure."))
-    shown_rows = [{**r, "attack": _family(r["attack"])} for r in table_rows]  # the budget has its own column
-    blocks.append(_table(shown_rows, list(table_rows[0]),
-                         "mean volumes over the cases per attack, budget and class", collapsed=len(table_rows) > 24))
+    shown_rows = [{**r, "attack": family(r["attack"])} for r in table_rows]  # the budget has its own column
+    blocks.append(data_table(shown_rows, list(table_rows[0]),
+                             "mean volumes over the cases per attack, budget and class", collapsed=len(table_rows) > 24))
     return Section("volumes", "Volumes (clinical endpoint)",
                    "The volume of each predicted structure in ml (voxel count × the voxel volume of each case's "
                    "spacing, mm³ / 1000) — for brain extraction the total intracranial volume (TIV), the clinical "
@@ -785,7 +514,7 @@ def _spread_figure(results: Results, summary: list[dict[str, Any]], metric: str)
     at most 10 settings, else at its largest); None for a 0/1 metric (accuracy, exact match), whose spread
     the confidence interval says, or with fewer than 3 cases."""
     groups = results.groups()
-    values = {key: [float(r[f"adv_{metric}"]) for r in rows if not _nan(r.get(f"adv_{metric}"))]
+    values = {key: [float(r[f"adv_{metric}"]) for r in rows if not is_nan(r.get(f"adv_{metric}"))]
               for key, rows in groups.items()}
     if not values or max(len(v) for v in values.values()) < 3:
         return None
@@ -795,10 +524,10 @@ def _spread_figure(results: Results, summary: list[dict[str, Any]], metric: str)
     if len(keys) > 10:
         keys = _largest_budgets(keys)
     first = next(iter(groups.values()))
-    clean = [float(r[f"clean_{metric}"]) for r in first if not _nan(r.get(f"clean_{metric}"))]
+    clean = [float(r[f"clean_{metric}"]) for r in first if not is_nan(r.get(f"clean_{metric}"))]
     data = [clean] + [values.get(k, []) for k in keys]
-    labels = ["clean"] + [_key(*k) for k in keys]
-    plt = _plt()
+    labels = ["clean"] + [setting_key(*k) for k in keys]
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.6, 0.9 + 0.36 * len(data)))
     pos = list(range(len(data), 0, -1))  # clean on top
     style: dict[str, Any] = dict(
@@ -809,8 +538,8 @@ def _spread_figure(results: Results, summary: list[dict[str, Any]], metric: str)
         box = ax.boxplot(data, orientation="horizontal", **style)
     except TypeError:
         box = ax.boxplot(data, vert=False, **style)
-    fams = list(dict.fromkeys(_family(k[0]) for k in keys))
-    colours = ["#BBBBBB"] + [PALETTE[fams.index(_family(k[0])) % len(PALETTE)] for k in keys]
+    fams = list(dict.fromkeys(family(k[0]) for k in keys))
+    colours = ["#BBBBBB"] + [PALETTE[fams.index(family(k[0])) % len(PALETTE)] for k in keys]
     for patch, colour in zip(box["boxes"], colours, strict=True):
         patch.set_facecolor(colour)
         patch.set_alpha(0.75)
@@ -818,8 +547,8 @@ def _spread_figure(results: Results, summary: list[dict[str, Any]], metric: str)
         ax.scatter(vs, [y] * len(vs), s=7, color="#222222", alpha=0.5, zorder=3)
     ax.set_yticks(pos)
     ax.set_yticklabels(labels, fontsize=8)
-    name = _METRIC_NAMES.get(metric, metric)
-    _style(ax, f"{name} per case", "", f"{name} per case: spread over the {len(clean)} cases")
+    name = METRIC_NAMES.get(metric, metric)
+    style_axes(ax, f"{name} per case", "", f"{name} per case: spread over the {len(clean)} cases")
     ax.grid(axis="y", visible=False)
     fig.tight_layout()
     return figure_image(fig, f"per-case spread of {metric}, clean and per attack",
@@ -845,20 +574,20 @@ def _scatter_figures(results: Results, summary: list[dict[str, Any]]) -> list[Im
         series = []
         for k in keys:
             pts = [(float(r[f"clean_{col}"]), float(r[f"adv_{col}"])) for r in groups.get(k, [])
-                   if _is_num(r.get(f"clean_{col}")) and _is_num(r.get(f"adv_{col}"))]
+                   if is_num(r.get(f"clean_{col}")) and is_num(r.get(f"adv_{col}"))]
             if pts:
                 series.append((k, pts))
         if not series:
             continue
-        plt = _plt()
+        plt = pyplot()
         fig, ax = plt.subplots(figsize=(5.4, 4.6))
         top = max(max(max(p) for p in pts) for _, pts in series)
         ax.plot([0.0, top], [0.0, top], color="grey", ls="--", lw=1, label="unchanged")
         for j, (k, pts) in enumerate(series):
             ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=12, alpha=0.7, color=PALETTE[j % len(PALETTE)],
-                       label=_key(*k))
+                       label=setting_key(*k))
         name = metric_label(col)
-        _style(ax, f"clean {name}", f"attacked {name}", f"{name} per case: clean vs attacked")
+        style_axes(ax, f"clean {name}", f"attacked {name}", f"{name} per case: clean vs attacked")
         ax.legend(fontsize=7, frameon=False)
         fig.tight_layout()
         out.append(figure_image(fig, f"{col} per case, clean vs attacked",
@@ -888,17 +617,17 @@ def _results_sections(results: Results, class_names: Sequence[str] | None) -> li
     groups = results.groups()
     balls = results.ball_check()
     for r in rows:
-        row = {"attack": _family(r["attack"]), "budget": r["budget"]}
+        row = {"attack": family(r["attack"]), "budget": r["budget"]}
         if metric:
             c, a = r.get(f"clean_{metric}"), r.get(f"adv_{metric}")
             row.update({f"clean_{metric}": c, f"adv_{metric}": a,
                         f"adv_{metric}_ci95": fmt_ci(ci95(x.get(f"adv_{metric}")
                                                           for x in groups.get((r["attack"], r["budget"]), []))),
-                        "change": None if _nan(c) or _nan(a) else a - c})
+                        "change": None if is_nan(c) or is_nan(a) else a - c})
         if isinstance(r.get("clean_hd95"), list) and isinstance(r.get("adv_hd95"), list):
             # over the classes the mean Dice counts (HD95 is computed for the background too)
             keep = _counted(results.meta, len(r["clean_hd95"]))
-            row.update({f"{w}_hd95": _mean(r[f"{w}_hd95"][j] for j in keep if j < len(r[f"{w}_hd95"]))
+            row.update({f"{w}_hd95": mean_of(r[f"{w}_hd95"][j] for j in keep if j < len(r[f"{w}_hd95"]))
                         for w in ("clean", "adv")})
         missed = _missed_counts(results, groups.get((r["attack"], r["budget"]), []))
         if missed is not None:  # structures HD95 cannot count (missing from the prediction), in their own column
@@ -915,8 +644,8 @@ def _results_sections(results: Results, class_names: Sequence[str] | None) -> li
             row["ε-ball"] = Results.ball_note(ball, r["budget"])
         compact.append(row)
     ccols = list(dict.fromkeys(k for r in compact for k in r))
-    table = _table(compact, ccols, "Means over the samples (budget ε in data units; hover a column name for its "
-                   "key in results.json).")
+    table = data_table(compact, ccols, "Means over the samples (budget ε in data units; hover a column name for its "
+                       "key in results.json).")
     for i, h in enumerate(table.headers):
         if h.title in (f"clean_{metric}", f"adv_{metric}"):  # the headline columns stand out
             h.cls = "headline"
@@ -953,7 +682,7 @@ def _results_sections(results: Results, class_names: Sequence[str] | None) -> li
     if spread is not None:
         blocks.append(spread)
     blocks += _scatter_figures(results, summary)
-    blocks.append(_table(rows, cols, "every mean column, per attack and budget", collapsed=True))
+    blocks.append(data_table(rows, cols, "every mean column, per attack and budget", collapsed=True))
     sections.append(Section("summary", "Summary", f"Clean vs attacked {metric_label(metric or 'metric')} for every "
                             f"attack and budget; <i>change</i> is attacked − clean. {said}.", blocks))
     if metric:
@@ -973,7 +702,7 @@ def _results_sections(results: Results, class_names: Sequence[str] | None) -> li
         drows = [r for r in rows if any(c in r for c in details)]
         sections.append(Section("attack-outputs", "Attack-specific outputs",
                                 "Per-attack means of what each attack reports about itself (its declared "
-                                "per-sample outputs).", [_table(drows, ["attack", "budget", *details, "n"])]))
+                                "per-sample outputs).", [data_table(drows, ["attack", "budget", *details, "n"])]))
     ensemble = results.ensemble_table()
     if ensemble:
         m = next(c for c in ensemble[0] if c.startswith("robust_"))
@@ -981,8 +710,8 @@ def _results_sections(results: Results, class_names: Sequence[str] | None) -> li
                                 f"For ensemble attacks (<code>auto</code>): the mean {metric_label(m.removeprefix('robust_'))} "
                                 "after each member, keeping per sample the worst case so far; <i>gain</i> is how "
                                 "much the member lowered it, <i>attacked</i> the samples it ran on.",
-                                [_table(ensemble, ["attack", "budget", "member", m, "gain", "attacked", "seconds",
-                                                   "n"])]))
+                                [data_table(ensemble, ["attack", "budget", "member", m, "gain", "attacked", "seconds",
+                                            "n"])]))
     worst_of = results.worst_of_table()
     if worst_of:
         sections.append(Section("worst-of", "Worst case of each metric",
@@ -990,13 +719,13 @@ def _results_sections(results: Results, class_names: Sequence[str] | None) -> li
                                 "over the members (<i>worst_…</i>, possibly from different members, as a paper "
                                 "reporting each metric's worst case does) next to the example kept, the worst by "
                                 "the selection metric (<i>adv_…</i>).",
-                                [_table(worst_of, list(worst_of[0]))]))
+                                [data_table(worst_of, list(worst_of[0]))]))
     flags = results.masking_flags()
     if flags:
         sections.append(Section("masking", "Gradient-masking checks",
                                 "<span class='warn'>These checks fired: the attacks may have failed for a reason "
                                 "other than robustness, so the robust metric may be overestimated.</span>",
-                                [_table(flags, ["attack", "budget", "check", "samples", "message"])]))
+                                [data_table(flags, ["attack", "budget", "check", "samples", "message"])]))
     elif ensemble:
         sections.append(Section("masking", "Gradient-masking checks",
                                 "No check fired (randomised outputs, probability outputs, zero gradients, "
@@ -1005,641 +734,64 @@ def _results_sections(results: Results, class_names: Sequence[str] | None) -> li
     return sections
 
 
-# --- studies --------------------------------------------------------------------------------------------------------
-_CLASSWISE_VALUES = ("class", "support", "clean", "adv", "cfps_clean", "cfps_adv", "cfns_clean", "cfns_adv")
-
-
-def _study_metric(study: StudyLike, default: str = "metric") -> str:
-    m = study.meta.get("metric")
-    return _METRIC_NAMES.get(str(m), str(m)) if m else default
-
-
-def _walk_matrices(obj: Any, prefix: str = "") -> list[tuple[str, list[list[Any]]]]:
-    """Every matrix (list of equal-length lists) in a nested dict, with its dotted key."""
-    if isinstance(obj, Mapping):
-        out = []
-        for k, v in obj.items():
-            out += _walk_matrices(v, f"{prefix} · {k}" if prefix else str(k))
-        return out
-    if isinstance(obj, list) and obj and all(isinstance(r, list) for r in obj):
-        return [(prefix, obj)]
-    return []
-
-
-def _pretty_key(key: str) -> str:
-    """A study's condition key as a reader wants it: ``pgd@0.1@0.1`` or ``pgd@0.1`` -> ``pgd ε=0.1``."""
-    parts = str(key).split("@")
-    if len(parts) >= 2:
-        try:
-            return _key(parts[0], float(parts[-1]))
-        except ValueError:
-            pass
-    return str(key)
-
-
-def _confusion_figures(conf: Any, names: Sequence[str] | None, kind: str | None = None) -> list[Any]:
-    """Heatmaps of the confusion matrices of a class-wise study, four per figure.
-
-    Classes (``kind`` None): normalised per true class. Label pairs of a multi-label study (``kind`` says
-    what rows and columns are): raw counts on one colour scale for all matrices.
-    """
-    mats = _walk_matrices(conf)
-    blocks: list[Any] = []
-    per_fig = 4
-    top = max([1.0] + [float(v or 0) for _, m in mats for row in m for v in row])
-    for start in range(0, len(mats), per_fig):
-        chunk = mats[start : start + per_fig]
-        k = max(len(m) for _, m in chunk)
-        size = min(4.6, 1.6 + 0.35 * k)
-        fig, axes = _grid(len(chunk), per_fig if len(mats) > 1 else 1, size + 0.6, size)
-        for ax, (title, m) in zip(axes, chunk, strict=False):
-            labels = list(names)[: len(m)] if names and len(names) >= len(m) else [str(j) for j in range(len(m))]
-            if kind:
-                shown = [[float(v or 0) for v in row] for row in m]
-                pair = "missed" in kind and "spurious" in kind
-                _heatmap(ax, shown, labels, labels, title=_pretty_key(title), cmap="Blues", vmin=0.0, vmax=top,
-                         digits=0, xlabel="spurious label" if pair else "column",
-                         ylabel="missed label" if pair else "row", colorbar=False)
-            else:
-                shown = []
-                for row in m:
-                    total = sum(float(v or 0) for v in row)
-                    shown.append([float(v or 0) / total if total else math.nan for v in row])
-                _heatmap(ax, shown, labels, labels, title=_pretty_key(title), cmap="Blues", vmin=0.0, vmax=1.0,
-                         xlabel="predicted", ylabel="true", colorbar=False)
-            off = sum(float(v or 0) for i, row in enumerate(m) for j, v in enumerate(row) if i != j or kind)
-            if off == 0:  # nothing to see: say so rather than leave an empty square
-                ax.text(0.5, 0.5, "no errors", transform=ax.transAxes, ha="center", va="center", fontsize=10,
-                        color="#5b6573", bbox=dict(facecolor="white", edgecolor="none", alpha=0.8))
-        fig.tight_layout()
-        caption = (f"Counts of {kind}, one colour scale for all panels." if kind else
-                   "Confusion matrices normalised per true class (each row sums to 1; rows = true class, columns = "
-                   "prediction). Off-diagonal mass under attack shows where the errors go.")
-        blocks.append(figure_image(fig, "confusion matrices, clean and attacked", caption))
-    return blocks
-
-
-def _setting(values: Mapping[str, Any]) -> str:
-    """The title of one setting of a study: ``pgd ε=0.0314 (8/255)`` plus any other key (``background: no``)."""
-    parts = [_key(values["attack"], values.get("budget"))] if values.get("attack") is not None else []
-    parts += [f"{k}: {fmt(v)}" for k, v in values.items() if k not in ("attack", "budget") and v is not None]
-    return " · ".join(parts) or "all"
-
-
-def _study_classwise(study: StudyLike, class_names: Sequence[str] | None) -> Section:
-    own = study.meta.get("classes")
-    # the study's own names, unless it ran without any (indices) and the report has the config's
-    plain = own is None or list(own) == [str(i) for i in range(len(own))]
-    names = list(class_names) if class_names and plain and (own is None or len(own) == len(class_names)) else own
-
-    def label(c: Any) -> str:
-        return str(names[c]) if names and isinstance(c, int) and 0 <= c < len(names) else str(c)
-    metric = _study_metric(study, "per-class metric")
-    per_class = [r for r in study.rows if "target" not in r]  # targeted-success rows are drawn apart
-    extra = [c for c in dict.fromkeys(k for r in per_class for k in r) if c not in _CLASSWISE_VALUES]
-    groups = _groups(per_class, extra)
-    blocks: list[Any] = []
-    has_cfns = any("cfns_adv" in r for r in study.rows)
-    if groups:
-        keys = list(groups)[:6]
-        fig, axes = _grid(len(keys) * (2 + has_cfns), 2 + has_cfns, 3.9 if has_cfns else 4.6, 3.0)
-        for gi, key in enumerate(keys):
-            rows = groups[key]
-            cls = [label(r.get("class")) for r in rows]
-            title = _setting(dict(zip(extra, key, strict=True)))
-            ax = axes[gi * (2 + has_cfns)]
-            _bars(ax, cls, [("clean", [r.get("clean") for r in rows]), ("attacked", [r.get("adv") for r in rows])],
-                  metric, f"{metric}: {title}")
-            ax = axes[gi * (2 + has_cfns) + 1]
-            top = max([0.05] + [float(v) for r in rows for v in (r.get("cfps_clean"), r.get("cfps_adv"))
-                                if not _nan(v)])
-            _bars(ax, cls, [("clean", [r.get("cfps_clean") for r in rows]),
-                            ("attacked", [r.get("cfps_adv") for r in rows])],
-                  "CFPS", f"CFPS: {title}", (0.0, min(1.0, top * 1.15)))
-            if has_cfns:
-                ax = axes[gi * 3 + 2]
-                top = max([0.05] + [float(v) for r in rows for v in (r.get("cfns_clean"), r.get("cfns_adv"))
-                                    if not _nan(v)])
-                _bars(ax, cls, [("clean", [r.get("cfns_clean") for r in rows]),
-                                ("attacked", [r.get("cfns_adv") for r in rows])],
-                      "CFNS", f"CFNS: {title}", (0.0, min(1.0, top * 1.15)))
-        _legend_top(fig, axes[0])
-        more = f" (first 6 of {len(groups)} settings)" if len(groups) > 6 else ""
-        blocks.append(figure_image(fig, "per-class metric and CFPS, clean vs attacked",
-                                   f"Left: {metric} per class. Right: the Class False Positive Score (CFPS), the share "
-                                   "of all errors that land on each class; a class with a high CFPS attracts errors "
-                                   "(an easy target for targeted attacks)." + more))
-    if "confusion" in study.meta:
-        kind = study.meta.get("confusion_kind")
-        blocks += _confusion_figures(study.meta["confusion"], names, str(kind) if kind else None)
-    attractors = study.meta.get("attractors")
-    if attractors:
-        items = attractors.items() if isinstance(attractors, Mapping) else enumerate(attractors)
-        rows = [{"setting": _pretty_key(str(k)), "attractors (most errors first)": " > ".join(map(str, v))
-                 if isinstance(v, list) else str(v)} for k, v in items]
-        blocks.append(_table(rows, ["setting", "attractors (most errors first)"], "Classes ranked by CFPS."))
-    targeted = [r for r in study.rows if "target" in r]
-    if targeted:  # Medi et al. Fig. 5: success per target class next to the target's clean CFPS
-        tgroups = _groups(targeted, [k for k in ("model", "attack", "budget") if any(k in r for r in targeted)])
-        fig, axes = _grid(min(len(tgroups), 6), 2, 5.0, 3.2)
-        for ax, (tkey, rows) in zip(axes, list(tgroups.items())[:6], strict=False):
-            _bars(ax, [str(r["target"]) for r in rows], [("success", [r.get("success") for r in rows]),
-                                                         ("clean CFPS", [r.get("cfps_clean") for r in rows])],
-                  "share", " · ".join(str(k) for k in tkey if k is not None))
-        _legend_top(fig, axes[0])
-        spear = study.meta.get("targeted") or {}
-        rho = "; ".join(f"{_pretty_key(str(k))}: ρ = {fmt(v.get('spearman_cfps'))}" for k, v in spear.items()
-                        if isinstance(v, Mapping))
-        blocks.append(figure_image(fig, "targeted success per target class",
-                                   "Share of the samples of other classes that a targeted attack pushes into each "
-                                   "target class, next to that class's clean CFPS (Medi et al.: classes that attract "
-                                   "errors are easy targets). Spearman ρ(CFPS, success): " + (rho or "–") + "."))
-    sim = study.meta.get("similarity")
-    if isinstance(sim, Mapping) and isinstance(sim.get("definitions"), Mapping):
-        models = [str(m) for m in sim.get("models") or []]
-        primary = sim["definitions"].get(sim.get("primary", "errors")) or {}
-        if primary:
-            chunk = list(primary.items())[:4]
-            fig, axes = _grid(len(chunk), 4, max(3.4, 1.4 + 0.7 * len(models)), max(3.0, 1.2 + 0.6 * len(models)))
-            for ax, (cond, m) in zip(axes, chunk, strict=False):
-                _heatmap(ax, m, models, models, title=_pretty_key(str(cond)), cmap="viridis", vmin=0.0, vmax=1.0,
-                         colorbar=False)
-            fig.tight_layout()
-            blocks.append(figure_image(fig, "model-to-model cosine similarity of the error patterns",
-                                       "Cosine similarity of the models' off-diagonal confusion entries (where their "
-                                       "errors go; Medi et al. App. B report 0.76–0.83 between robust CIFAR-10 "
-                                       "models)."))
-        summary = []
-        for d, per_cond in sim["definitions"].items():
-            for cond, m in per_cond.items():
-                off = [float(v) for i, row in enumerate(m) for j, v in enumerate(row) if i < j and not _nan(v)]
-                summary.append({"definition": d, "condition": _pretty_key(str(cond)),
-                                "mean over model pairs": _mean(off)})
-        blocks.append(_table(summary, ["definition", "condition", "mean over model pairs"],
-                             "Model-to-model similarity: errors, CFPS and per-class metric as cosines; agreement = "
-                             "share of equal predictions."))
-    blocks.append(_plain_table(study.rows, "all rows of the class-wise study"))
-    return Section("study-classwise", f"Class-wise robustness (Medi et al.) · {metric}",
-                   "Which classes suffer most under attack, and which classes the errors go to. CFPS<sub>j</sub> = "
-                   "FP<sub>j</sub> / all errors (sums to 1 over classes).", blocks)
-
-
-def _study_transfer(study: StudyLike, class_names: Sequence[str] | None) -> Section:
-    metric = _study_metric(study)
-    blocks: list[Any] = []
-    groups = _groups(study.rows, ["attack", "budget"])
-    hd_unit = str(study.meta.get("hd95_units") or "voxels")
-    for (attack, budget), rows in groups.items():
-        surr = list(dict.fromkeys(str(r["surrogate"]) for r in rows))
-        targ = list(dict.fromkeys(str(r["target"]) for r in rows))
-        val = {(str(r["surrogate"]), str(r["target"])): r for r in rows}
-        mats: list[tuple[str, str, str, float | None, float | None]] = [
-            ("adv", f"{metric} attacked", "viridis", 0.0, 1.0)]
-        if any(not _nan(r.get("drop_points")) for r in rows):  # Paschali's "% Drop": points, larger is worse
-            mats.append(("drop_points", "drop (points: 100 × (clean − attacked))", "magma_r", None, None))
-        if any(not _nan(r.get("fooling_rate")) for r in rows):
-            mats.append(("fooling_rate", "fooling rate", "magma", 0.0, 1.0))
-        if any(not _nan(r.get("hd95_adv")) for r in rows):  # Malik et al.: HD95 under transfer
-            mats.append(("hd95_adv", f"HD95 attacked ({hd_unit})", "magma_r", None, None))
-        fig, axes = _grid(len(mats), 2, max(4.4, 1.4 + 0.9 * len(targ)), max(3.0, 1.2 + 0.6 * len(surr)))
-        for ax, (col, label, cmap, lo, hi) in zip(axes, mats, strict=False):
-            m = [[val.get((s, t), {}).get(col) for t in targ] for s in surr]
-            _heatmap(ax, m, surr, targ, title=label, cmap=cmap, vmin=lo, vmax=hi, xlabel="target model",
-                     ylabel="surrogate (crafted on)")
-        fig.suptitle(_key(attack, budget), fontsize=10)
-        fig.tight_layout()
-        blocks.append(figure_image(fig, f"transfer heatmap {_key(attack, budget)}",
-                                   "Rows: the model the attack was crafted on; columns: the model it was applied "
-                                   "to. The diagonal is the white-box attack."))
-    # Paschali et al.'s Table 2 (rows: the evaluated model; columns: the source model, grouped by attack) with
-    # their Table 1 summary (clean, mean over the cells, drop in points and relative)
-    targets = list(dict.fromkeys(str(r["target"]) for r in study.rows))
-    summary = {str(e.get("target")): e for e in study.meta.get("summary") or [] if isinstance(e, Mapping)}
-    matrix: list[dict[str, Any]] = []
-    for t in targets:
-        sel = [r for r in study.rows if str(r["target"]) == t]
-        row: dict[str, Any] = {"evaluated model": t, f"clean {metric}": sel[0].get("clean") if sel else None}
-        for r in sel:
-            row[f"{_key(r['attack'], r['budget'])} · from {r['surrogate']}"] = r.get("adv")
-        e = summary.get(t, {})
-        row.update({"avg over all cells": e.get("avg_all_cells"), "drop (points)": e.get("drop_points_all_cells"),
-                    "avg black-box": e.get("avg"), "black-box drop (points)": e.get("drop_points"),
-                    "black-box drop (relative %)": e.get("drop_pct")})
-        matrix.append(row)
-    if matrix:
-        cols = list(dict.fromkeys(k for r in matrix for k in r))
-        blocks.append(_table(matrix, cols, f"{metric} of each evaluated model (rows) on the examples crafted on each "
-                             "source model (columns), per attack (Paschali et al., Table 2); avg and drop in "
-                             "percentage points 100 × (clean − avg), over all cells (their Table 1) and over the "
-                             "black-box cells only, and the relative drop 100 × (clean − avg) / clean."))
-    blocks.append(_plain_table(study.rows, "all rows of the transfer study"))
-    return Section("study-transfer", "Transferability (Paschali, Malik)",
-                   "Adversarial examples crafted on one model (surrogate) and applied to another (target): a "
-                   "black-box attacker needs only a similar model.", blocks)
-
-
-def _study_corruptions(study: StudyLike, class_names: Sequence[str] | None) -> Section:
-    metric = _study_metric(study)
-    groups = _groups(study.rows, ["corruption"])
-    has_flip = any(not _nan(r.get("flip_probability")) for r in study.rows)
-    fig, axes = _grid(1 + has_flip, 2, 5.4, 3.8)
-    clean = _mean(r.get("metric_clean") for r in study.rows)
-    for i, ((name,), rows) in enumerate(groups.items()):
-        rows = sorted(rows, key=lambda r: float(r["severity"]))
-        # colour, marker and line style all vary, so that 9+ corruptions stay apart
-        style = dict(marker=MARKERS[i % len(MARKERS)], color=PALETTE[i % len(PALETTE)],
-                     ls="-" if i < len(PALETTE) else "--", label=name, ms=5)
-        axes[0].plot([r["severity"] for r in rows], [r.get("metric") for r in rows], **style)
-        if has_flip:
-            axes[1].plot([r["severity"] for r in rows], [r.get("flip_probability") for r in rows], **style)
-    if not _nan(clean):
-        axes[0].axhline(clean, color="grey", ls=":", lw=1.2, label="clean")
-    _style(axes[0], "severity", metric, f"{metric} vs corruption severity")
-    if has_flip:
-        _style(axes[1], "severity", "flip probability", "flip probability vs severity")
-        axes[1].set_ylim(bottom=0)
-    for ax in axes:
-        ax.set_xticks(sorted({int(r["severity"]) for r in study.rows}))
-    fig.set_figheight(fig.get_figheight() + 0.25 * math.ceil((len(groups) + 1) / 5))
-    _legend_top(fig, axes[0], 5)
-    blocks: list[Any] = [figure_image(fig, "corruption curves: metric and flip probability vs severity")]
-    if has_flip:  # Xu et al. report the FP per type and their mean
-        units = {str(c.get("name")): str(c.get("unit", "")) for c in study.meta.get("suite") or []
-                 if isinstance(c, Mapping)}
-        per = [{"corruption": name, "mean flip probability": _mean(r.get("flip_probability") for r in rows),
-                f"mean {metric}": _mean(r.get("metric") for r in rows), "level unit": units.get(str(name), "")}
-               for (name,), rows in groups.items()]
-        per.append({"corruption": "mean of all", "mean flip probability": _mean(r["mean flip probability"] for r in per),
-                    f"mean {metric}": _mean(r[f"mean {metric}"] for r in per), "level unit": ""})
-        blocks.append(_table(per, list(per[0]), "Flip probability and metric averaged over the severities run."))
-    rfp = study.meta.get("rfp") if isinstance(study.meta, Mapping) else None
-    if rfp:  # Xu et al.'s Table 4: each model's flip probability relative to the first model's
-        blocks.append(_table(rfp, ["model", "flip_probability", "rfp"],
-                             f"Relative flip probability: each model's mean flip probability over every corruption "
-                             f"and severity, divided by that of {rfp[0]['model']} (Xu et al., Table 4)."))
-    blocks.append(_plain_table(study.rows, "all rows of the corruption study"))
-    return Section("study-corruptions", "Common corruptions (Xu et al.)",
-                   "Natural image degradations at five severities. The flip probability is the share of samples "
-                   "whose prediction the corruption changes.", blocks)
-
-
-def _study_noise_baseline(study: StudyLike, class_names: Sequence[str] | None) -> Section:
-    metric = _study_metric(study)
-    rows = study.rows
-    names = [_key(r.get("attack"), r.get("budget")) for r in rows]
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(rows) + 2), 3.6))
-    match = str(study.meta.get("match") or "ssim").upper()
-    series = [("clean", [r.get("clean_metric") for r in rows])] if any("clean_metric" in r for r in rows) else []
-    series += [("adversarial", [r.get("adv_metric") for r in rows]),
-               (f"random noise, same {match}", [r.get("noise_metric") for r in rows])]
-    _bars(ax, names, series, metric, "adversarial vs matched random noise", None)
-    _legend_top(fig, ax)
-    return Section("study-noise-baseline", "Adversarial vs random noise (Paschali)",
-                   f"Random noise scaled to the same image similarity ({_h(match)}) as each adversarial example: the gap "
-                   "shows the damage is specific to the adversarial direction, not to the amount of noise.",
-                   [figure_image(fig, "adversarial vs matched noise bars"),
-                    _table(rows, list(dict.fromkeys(k for r in rows for k in r)))])
-
-
-def _study_frequency(study: StudyLike, class_names: Sequence[str] | None) -> Section:
-    metric = _study_metric(study, "value")
-    groups = _groups(study.rows, ["attack", "budget"])
-    bands = list(dict.fromkeys(str(r["band"]) for r in study.rows))
-    series = []
-    for (attack, budget), rows in groups.items():
-        by = {str(r["band"]): r.get("value") for r in rows}
-        series.append((_key(attack, budget), [by.get(b) for b in bands]))
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(bands) * max(1, len(series)) / 2 + 2), 3.6))
-    _bars(ax, bands, series, metric, "attack restricted to a frequency band", None)
-    _legend_top(fig, ax, 3)
-    notes = study.meta.get("notes") if isinstance(study.meta, Mapping) else None  # e.g. VAFA's renormalisation
-    return Section("study-frequency", "Frequency bands (Malik et al.)",
-                   "The perturbation filtered to low or high spatial frequencies: which band carries the attack.",
-                   ([Bullets([_h(n) for n in notes], "warn")] if notes else [])
-                   + [figure_image(fig, "frequency band bars"), _plain_table(study.rows, "all rows", collapsed=False)])
-
-
-def _study_models(study: StudyLike, class_names: Sequence[str] | None) -> Section:
-    metric = _study_metric(study)
-    rows = study.rows
-    settings = list(dict.fromkeys((r.get("attack"), r.get("budget")) for r in rows))
-    models = list(dict.fromkeys(str(r["model"]) for r in rows))
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7.0, 4.6))
-    markers = "osD^vP*X"
-    for si, s in enumerate(settings):
-        for mi, m in enumerate(models):
-            sel = [r for r in rows if (r.get("attack"), r.get("budget")) == s and str(r["model"]) == m]
-            if sel:
-                ax.scatter([sel[0].get("clean")], [sel[0].get("adv")], color=PALETTE[si % len(PALETTE)],
-                           marker=markers[mi % len(markers)], s=50, label=_key(*s) if mi == 0 else None)
-                ax.annotate(m, (float(sel[0].get("clean") or 0), float(sel[0].get("adv") or 0)), fontsize=7,
-                            xytext=(4, 3), textcoords="offset points")
-    vals = [float(v) for r in rows for v in (r.get("clean"), r.get("adv")) if v is not None and not _nan(v)]
-    if vals and min(vals) >= 0 and max(vals) <= 1:  # a [0, 1] metric: the whole square and the no-loss diagonal
-        ax.plot([0, 1], [0, 1], color="grey", ls="--", lw=1, label="no loss under attack")
-        ax.set_xlim(0, 1.02)
-        ax.set_ylim(0, 1.02)
-        ax.set_aspect("equal")
-    _style(ax, f"clean {metric}", f"attacked {metric}", "generalisation vs robustness")
-    ax.legend(fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    pivot = []
-    for m in models:
-        row: dict[str, Any] = {"model": m, f"clean {metric}": next((r.get("clean") for r in rows
-                                                                   if str(r["model"]) == m), None)}
-        for s in settings:
-            row[_key(*s)] = next((r.get("adv") for r in rows if str(r["model"]) == m
-                                  and (r.get("attack"), r.get("budget")) == s), None)
-        pivot.append(row)
-    blocks: list[Any] = [figure_image(fig, "clean vs attacked metric per model"),
-                         _table(pivot, list(pivot[0]) if pivot else [], f"attacked {metric} per model and attack")]
-    blocks.extend(_models_cosine(study.meta.get("cosine")))
-    return Section("study-models", "Models: generalisation vs robustness (Paschali)",
-                   "Several models on the same data and attacks: a better clean score does not imply robustness.",
-                   blocks)
-
-
-def _models_cosine(cos: Any) -> list[Any]:
-    """Heatmaps of the models study's cross-model cosine similarities (Medi et al., Fig. 7): per condition, the
-    per-class recall vectors and the error patterns, models × models."""
-    if not isinstance(cos, Mapping) or not cos.get("conditions") or not cos.get("models"):
-        return []
-    names = [str(m) for m in cos["models"]]
-    panels = [(cond, kind) for cond in cos["conditions"] for kind in ("recall", "errors")
-              if isinstance(cos.get(kind), Mapping) and cos[kind].get(cond) is not None]
-    if not panels:
-        return []
-    side = max(3.2, 1.2 + 0.7 * len(names))
-    fig, axes = _grid(len(panels), 2, side + 1.0, side)
-    what = {"recall": "per-class recall", "errors": "error pattern (off-diagonal confusion)"}
-    for ax, (cond, kind) in zip(axes, panels, strict=False):
-        name, _, budget = str(cond).rpartition("@")
-        try:
-            label = _key(name, float(budget)) if name else str(cond)
-        except ValueError:
-            label = str(cond)
-        _heatmap(ax, cos[kind][cond], names, names, title=f"{label}: {what[kind]}", cmap="viridis", vmin=0.0,
-                 vmax=1.0, xlabel="model", ylabel="model")
-    fig.tight_layout()
-    return [figure_image(fig, "cosine similarity of class-wise vectors between models",
-                         "Cosine similarity of two models' class-wise vectors (Medi et al., App. B): per-class "
-                         "recall, and the error pattern (which class is mistaken for which; multi-label: missed and "
-                         "spurious findings per label). Attacked: each model on its own adversarial examples. "
-                         "Blank: undefined (a vector of zeros).")]
-
-
-
-
-def _study_correlation(study: StudyLike, class_names: Sequence[str] | None) -> Section:
-    blocks: list[Any] = []
-    emb = study.meta.get("embedding")
-    embs = study.meta.get("embeddings")
-    if isinstance(embs, Mapping) and embs:  # train / clean / noisy / adversarial, one panel per method
-        from matplotlib.lines import Line2D
-
-        colours = {"train": "#BBBBBB", "clean": PALETTE[0], "noisy": PALETTE[2], "adv": PALETTE[1]}
-        shown = {"train": "train (control)", "clean": "clean", "noisy": "noise, same norm", "adv": "adversarial"}
-        fig, axes = _grid(len(embs), 2, 5.0, 4.2)
-        for ax, (method, e) in zip(axes, embs.items(), strict=False):
-            groups = e.get("groups") or {}
-            labels = e.get("labels") or {}
-            tops = sorted({str(v) for vs in labels.values() for v in vs})[:4]
-            for g in ("train", "clean", "noisy", "adv"):
-                pts = groups.get(g) or []
-                labs = [str(v) for v in labels.get(g, [])]
-                for mi, lab in enumerate(tops + ["other"]):
-                    sel = [p for p, q in zip(pts, labs or ["other"] * len(pts), strict=False)
-                           if (q == lab) or (lab == "other" and q not in tops)]
-                    if sel:
-                        ax.scatter([p[0] for p in sel], [p[1] for p in sel], s=12 if g == "train" else 18,
-                                   marker=MARKERS[mi % len(MARKERS)], color=colours[g],
-                                   alpha=0.45 if g == "train" else 0.85, linewidths=0)
-            ex = e.get("explained")
-            note = f" ({100 * sum(ex):.0f}% of the variance)" if ex else ""
-            _style(ax, "axis 1", "axis 2", f"{'PCA' if method == 'pca' else 't-SNE'}{note}")
-        handles = [Line2D([], [], ls="", marker="o", color=colours[g], label=shown[g])
-                   for g in ("train", "clean", "noisy", "adv") if any(g in (e.get("groups") or {}) for e in embs.values())]
-        first = next(iter(embs.values()))
-        tops = sorted({str(v) for vs in (first.get("labels") or {}).values() for v in vs})[:4]
-        handles += [Line2D([], [], ls="", marker=MARKERS[i % len(MARKERS)], color="#444444", label=f"label {t}")
-                    for i, t in enumerate(tops)]
-        fig.legend(handles=handles, loc="upper center", ncol=min(4, len(handles)), fontsize=8, frameon=False)
-        fig.tight_layout(rect=(0, 0, 1, 1 - 0.55 / fig.get_figheight()))
-        what = f" of layer {study.meta['layer']}" if study.meta.get("layer") else ""
-        under = f" under {_pretty_key(study.meta['attack'])}" if study.meta.get("attack") else ""
-        blocks.append(figure_image(fig, f"PCA and t-SNE of the features{what}{under}",
-                                   "Features of the groups embedded jointly (colour: group; marker: label). Xu et al. "
-                                   "(Fig. 7): adversarial samples leave their class among the training features, "
-                                   "noise of the same norm (the control) does not."))
-        sep = study.meta.get("separation") or []
-        if sep:
-            blocks.append(_table(sep, ["space", "pair", "centroid_distance", "knn_separability"],
-                                 "Per space and pair of groups: distance between centroids (over the clean spread) "
-                                 "and kNN separability (0.5: mixed, 1: separated)."))
-        probe = study.meta.get("probe") or []
-        if probe:
-            blocks.append(_table(probe, ["space", "group", "knn_label_accuracy"],
-                                 "kNN probe: the share of test samples whose nearest training features carry "
-                                 "their label."))
-    elif isinstance(emb, Mapping) and emb.get("clean"):
-        plt = _plt()
-        fig, ax = plt.subplots(figsize=(7.2, 4.6))
-        from matplotlib.lines import Line2D
-
-        clean_pts, adv_pts = emb["clean"], emb.get("adv") or []
-        labels = [str(v) for v in (emb.get("labels") or ["all"] * len(clean_pts))]
-        # the 7 most frequent labels (or label sets) get a colour, the rest are grey "other"
-        counts: dict[str, int] = {}
-        for lab in labels:
-            counts[lab] = counts.get(lab, 0) + 1
-        top = sorted(counts, key=lambda c: -counts[c])[:7]
-        colour = {c: PALETTE[i] for i, c in enumerate(top)}
-        if len(adv_pts) == len(clean_pts):  # where each sample moved
-            for p, q in zip(clean_pts, adv_pts, strict=True):
-                ax.plot([p[0], q[0]], [p[1], q[1]], color="#999999", lw=0.5, alpha=0.35, zorder=1)
-        for pts, marker in ((clean_pts, "o"), (adv_pts, "x")):
-            ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker, s=22, zorder=2, alpha=0.9,
-                       c=[colour.get(lab, "#BBBBBB") for lab in labels[: len(pts)]])
-        handles = [Line2D([], [], ls="", marker="s", color=colour[c], label=c) for c in top]
-        if len(counts) > len(top):
-            handles.append(Line2D([], [], ls="", marker="s", color="#BBBBBB", label="other"))
-        handles += [Line2D([], [], ls="", marker="o", color="#444444", label="clean"),
-                    Line2D([], [], ls="", marker="x", color="#444444", label="attacked")]
-        what = f" of layer {study.meta['layer']}" if study.meta.get("layer") else ""
-        under = f" under {_pretty_key(study.meta['attack'])}" if study.meta.get("attack") else ""
-        _style(ax, "component 1", "component 2", f"feature embedding{what}{under}")
-        ax.legend(handles=handles, fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.01, 0.5),
-                  title="label", title_fontsize=7)
-        fig.tight_layout()
-        blocks.append(figure_image(fig, "2-D projection of clean and adversarial feature embeddings",
-                                   "2-D projection of the features. Circles: clean samples; crosses: the same samples "
-                                   "attacked (a grey line joins the two), coloured by true label. Attacked samples "
-                                   "that land in another label's cluster are read by the model as that label."))
-    co = study.meta.get("cooccurrence")
-    if isinstance(co, Mapping) and co.get("clean"):
-        names = list(co.get("labels") or class_names or [str(j) for j in range(len(co["clean"]))])
-        mats = [("clean", co["clean"])] + ([("attacked", co["adv"])] if co.get("adv") else [])
-        if co.get("adv"):
-            mats.append(("attacked − clean", [[(float(a or 0) - float(b or 0)) for a, b in zip(ra, rb, strict=False)]
-                                              for ra, rb in zip(co["adv"], co["clean"], strict=False)]))
-        size = min(4.8, 1.8 + 0.35 * len(names))
-        fig, axes = _grid(len(mats), 3, size + 0.8, size)
-        vmax = max([1e-9] + [abs(float(v or 0)) for _, m in mats[:2] for row in m for v in row])
-        dmax = max([1e-9] + [abs(float(v)) for row in mats[-1][1] for v in row]) if len(mats) == 3 else 1.0
-        for ax, (title, m) in zip(axes, mats, strict=False):
-            diff = title.startswith("attacked −")
-            integer = all(float(v or 0).is_integer() for row in m for v in row)
-            _heatmap(ax, m, names, names, title=title, cmap="RdBu_r" if diff else "viridis",
-                     vmin=-dmax if diff else 0.0, vmax=dmax if diff else vmax, digits=0 if integer else 2)
-        fig.tight_layout()
-        blocks.append(figure_image(fig, "label co-occurrence, clean vs attacked",
-                                   "How often two labels are predicted together; the attack changes which labels "
-                                   "appear together."))
-    if study.rows:
-        blocks.append(_plain_table(study.rows, "all rows of the correlation study"))
-    return Section("study-correlation", "Feature and label correlation (Xu et al.)",
-                   "Where attacked samples land in the model's feature space, and how labels co-occur.", blocks)
-
-
-CERTIFY_RULE = ("certified ≤ empirical must hold at every radius (a certificate is a lower bound on the robust "
-                "metric of the smoothed model); a violation would mean a bug")
-
-
-def _study_certify(study: StudyLike, class_names: Sequence[str] | None) -> Section:
-    """Certified vs. empirical curve of one smoothed model (:func:`medadv.studies.certify.certify`)."""
-    metric = _study_metric(study)
-    meta = study.meta
-    curve = sorted((r for r in study.rows if r.get("kind") == "curve"), key=lambda r: float(r["radius"]))
-    if not curve:
-        raise KeyError("no curve rows")
-    radii = [float(r["radius"]) for r in curve]
-    has_emp = any(_is_num(r.get("empirical")) for r in curve)
-    bad = [r for r in curve if r.get("violation")]
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.2, 3.9))
-    ax.plot(radii, [r.get("certified") for r in curve], marker="o", color=PALETTE[0], label="certified (smoothed)")
-    attack = str(meta.get("empirical") or "auto")
-    if has_emp:
-        ax.plot(radii, [r.get("empirical") for r in curve], marker="s", ls="--", color=PALETTE[1],
-                label=f"empirical: {attack} on the smoothed model")
-        ax.fill_between(radii, [r.get("certified") for r in curve], [r.get("empirical") for r in curve],
-                        color=PALETTE[1], alpha=0.08, lw=0)
-    for r in bad:
-        ax.plot([r["radius"]], [r.get("certified")], marker="X", ms=12, color="#c00000", ls="none",
-                label="violation: certified > empirical" if r is bad[0] else None)
-    _style(ax, "L2 radius (data units)", metric, f"{metric} of the smoothed model (σ = {fmt(meta.get('sigma'))})")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_xticks(radii)
-    ax.legend(fontsize=8, loc="lower left", frameon=False)
-    fig.tight_layout()
-    intro = (f"Gaussian randomized smoothing (Cohen et al. 2019), σ = {_h(fmt(meta.get('sigma')))}, "
-             f"n0 = {_h(meta.get('n0'))}, n = {_h(meta.get('n'))}, α = {_h(fmt(meta.get('alpha')))} "
-             f"({_h(meta.get('correction'))}"
-             f"{'' if meta.get('tau') is None else ', τ = ' + _h(fmt(meta.get('tau')))}): the <b>certified</b> "
-             f"{_h(metric)} "
-             "at each L2 radius, abstentions as errors (radius 0: the smoothed model's certified clean metric)")
-    if has_emp:
-        intro += (f", and the <b>empirical</b> {_h(metric)} of the same smoothed model under <code>{_h(attack)}</code> "
-                  f"in the L2 ball of that radius, run on the average over {_h(meta.get('draws'))} fixed noise draws "
-                  "(Salman et al. 2019) and scored by the smoothed model's majority vote")
-    intro += f". <b>{CERTIFY_RULE}.</b>"
-    blocks: list[Any] = []
-    if bad:
-        blocks.append(Bullets([f"<b>VIOLATION at r = {fmt(r['radius'])}</b>: certified {fmt(r.get('certified'))} &gt; "
-                               f"empirical {fmt(r.get('empirical'))} (a bug, or the α event / Monte Carlo error of "
-                               "the smoothed prediction)" for r in bad], "bad"))
-    elif has_emp:
-        blocks.append(Text([f"certified ≤ empirical holds at every radius ({len(curve)} radii checked)."]))
-    blocks.append(figure_image(fig, "certified and empirical robustness curves of the smoothed model"))
-    cols = ["radius", "certified", "empirical", "gap", "violation", "predict_abstain"]
-    table = _table(curve, [c for c in cols if any(c in r for r in curve)],
-                   "curve rows; predict_abstain: share of elements where PREDICT's test would abstain")
-    for row, r in zip(table.rows, curve, strict=True):
-        if r.get("violation"):
-            for cell in row:
-                cell.cls = (cell.cls + " bad").strip()
-    blocks.append(table)
-    if meta.get("masking"):
-        blocks.append(Bullets([f"gradient-masking check on the surrogate: {_h(m)}" for m in meta["masking"]], "warn"))
-    others = [r for r in study.rows if r.get("kind") != "curve"]
-    if others:
-        blocks.append(_plain_table(others, "per-sample (and per-label) rows: certified radius, abstentions, "
-                                   "certified share of the elements at each radius"))
-    return Section("study-certify", f"Certified robustness (randomized smoothing) · {metric}", intro, blocks)
-
-
-def _study_saliency(study: StudyLike, class_names: Sequence[str] | None) -> Section:
-    """Model × method SSIM heatmaps per attack (Zhang et al. Tables 1–2) and the rows."""
-    matrix = study.meta["ssim"]
-    methods = list(study.meta.get("explanations") or [])
-    models = list(matrix)
-    attacks = list(dict.fromkeys(a for m in matrix.values() for a in m))
-    blocks: list[Any] = []
-    if models and methods and attacks:
-        plt = _plt()
-        fig, axes = plt.subplots(1, len(attacks), figsize=(max(4.0, 1.1 * len(methods) + 2) * len(attacks),
-                                                           1.0 + 0.6 * len(models)), squeeze=False)
-        for ax, a in zip(axes[0], attacks, strict=True):
-            m = [[matrix[mo].get(a, {}).get(e) for e in methods] for mo in models]
-            _heatmap(ax, m, models, methods, title=f"SSIM(clean map, attacked map) · {a}", vmin=0.0, vmax=1.0)
-        fig.tight_layout()
-        blocks.append(figure_image(fig, "saliency SSIM per model and method",
-                                   "1 = the attack left the map as it was; low = the map moved"))
-    cols = ["model", "explanation", "attack", "budget", "ssim", "spearman", "topk", "changed", "psc"]
-    if any(r.get("ssim_target") is not None for r in study.rows):
-        cols.append("ssim_target")
-    blocks.append(_table(study.rows, cols, "mean over the samples; changed: fraction whose prediction changed; "
-                         "ssim_target: SSIM of the attacked map to the attack's target map; psc: correlation of the prediction's "
-                         "and the map's change over the images (Zhang et al.)"))
-    return Section("study-saliency", "Explanations under attack, model × method (Zhang et al.)",
-                   "Each method explains the class of the clean prediction on the clean and on the attacked input; "
-                   "a prediction attack shows how fragile the maps are (Table 1), an attack on the explanation how "
-                   "far a map can be moved while the prediction holds (Table 2).", blocks)
-
-
+# --- studies: the dispatch to each study's drawer (medadv.studies.register_study) --------------------------------------------------------------------------------------------------
 def _study_generic(study: StudyLike, class_names: Sequence[str] | None) -> Section:
     return Section(f"study-{study.study}", f"Study: {study.study}", "",
-                   [_plain_table(study.rows, f"rows of the {study.study} study", collapsed=False)])
+                   [raw_table(study.rows, f"rows of the {study.study} study", collapsed=False)])
 
 
-StudyDrawer = Callable[[StudyLike, "Sequence[str] | None"], Section]
+def _drawer(name: str) -> StudyDrawer:
+    """The registered drawer of study ``name`` (its ``register_study(..., draw=)``); the raw rows without one."""
+    # the report's own registry, which register_study fills (the report lies below the studies: no import of them)
+    from .sections import section_drawer
 
-#: study name -> the function drawing its report section (:func:`study_section` adds one)
-_STUDIES: dict[str, StudyDrawer] = {
-    "classwise": _study_classwise, "transfer": _study_transfer, "corruptions": _study_corruptions,
-    "noise_baseline": _study_noise_baseline, "frequency": _study_frequency, "models": _study_models,
-    "correlation": _study_correlation, "certify": _study_certify, "saliency": _study_saliency}
-
-
-def study_section(name: str) -> Callable[[StudyDrawer], StudyDrawer]:
-    """Decorator: ``fn(study, class_names) -> Section`` draws the report section of study ``name`` (a study
-    registered with :func:`medadv.studies.schema.register_study`; without a drawer its rows are shown raw)."""
-    def deco(fn: StudyDrawer) -> StudyDrawer:
-        _STUDIES[name] = fn
-        return fn
-    return deco
+    return section_drawer(name) or _study_generic
 
 
 def _study_section(study: StudyLike, class_names: Sequence[str] | None) -> Section:
-    fn = _STUDIES.get(study.study, _study_generic)
+    fn = _drawer(study.study)
     try:
         sec = fn(study, class_names)
     except (KeyError, TypeError, ValueError, IndexError) as err:  # rows not per the conventions: show them raw
         sec = _study_generic(study, class_names)
-        sec.intro = (f"<span class='warn'>Could not draw this study's figures ({type(err).__name__}: {_h(err)}); its rows "
+        sec.intro = (f"<span class='warn'>Could not draw this study's figures ({type(err).__name__}: {escape(err)}); its rows "
                      "are shown as they are.</span>")
     notes = study.meta.get("notes") if isinstance(study.meta, Mapping) else None
     shown = {i for b in sec.blocks if isinstance(b, Bullets) for i in b.items}
-    extra = [_h(n) for n in notes or () if _h(n) not in shown]
+    extra = [escape(n) for n in notes or () if escape(n) not in shown]
     if extra:  # what the numbers depend on (VAFA's renormalisation): said in every study that ran it
         sec.blocks.insert(0, Bullets(extra, "warn"))
+    note = study.meta.get("note") if isinstance(study.meta, Mapping) else None
+    if isinstance(note, str) and note:  # the config's `note:` (a recipe's reading against the paper), escaped
+        sec.blocks.insert(0, Text([note]))
+    if isinstance(study.meta, Mapping) and "cases" in study.meta:  # a study's own case figures (case_meta)
+        sec.blocks += _study_cases(study.meta["cases"])
     title = study.meta.get("title") if isinstance(study.meta, Mapping) else None
     if title:  # a config's `title:` (a paper's "Table 2"): the heading, with the study's own name after it
         sec.title = f"{title} — {sec.title}"
     return sec
+
+
+def _study_cases(entries: Any) -> list[Any]:
+    """One figure per entry of a study's ``meta["cases"]`` (:func:`~medadv.report.cases.case_meta`), after the
+    study's own blocks; entries that are not ``{title, png, width, height}`` with base64 PNG text are counted in a
+    warning instead (the page never embeds anything else)."""
+    items = entries if isinstance(entries, list) else [entries]
+    blocks: list[Any] = []
+    bad = 0
+    for e in items:
+        ok = (isinstance(e, Mapping) and isinstance(e.get("png"), str) and _BASE64.fullmatch(e["png"]) is not None
+              and all(isinstance(e.get(k), int) and not isinstance(e.get(k), bool) and e[k] > 0
+                      for k in ("width", "height")))
+        if not ok:
+            bad += 1
+            continue
+        blocks.append(Image("data:image/png;base64," + e["png"], e["width"], e["height"],
+                            f"case: {e.get('title') or ''}", str(e.get("note") or "")))
+    if bad:
+        blocks.append(Bullets([f"{bad} case figure(s) of this study could not be shown: not an image entry "
+                               "{title, note, png, width, height}."], "warn"))
+    return blocks
 
 
 # --- cases and saliency ---------------------------------------------------------------------------------------------
@@ -1705,7 +857,7 @@ def render_html_report(
 
     with literal_text():  # attack ids, class names and titles drawn in figures are user strings
         sections = _sections(results, studies, cases, saliency, class_names, results_title)
-    # intros and findings hold a little markup of ours (<b>, <i>, links) with every user string escaped (_h);
+    # intros and findings hold a little markup of ours (<b>, <i>, links) with every user string escaped (escape);
     # table cells and titles are escaped by the template
     for sec in sections:
         sec.intro = Markup(sec.intro)  # type: ignore[assignment]

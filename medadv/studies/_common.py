@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..attack_cache import craft
 from ..attacks.base import Attack, AttackResult
 from ..runtime import attack_mode, check_input, forward_tensor, model_device, target_for
 from ..tasks import Task
@@ -145,15 +146,19 @@ class Batch:
 
 
 def attacked_batches(model: nn.Module, task: Task, data: Any, named: list[tuple[str, Attack]],
-                     target_fn: TargetFn | None = None) -> Iterator[Batch]:
+                     target_fn: TargetFn | None = None, check: Callable[[Tensor], None] | None = None
+                     ) -> Iterator[Batch]:
     """Every batch of ``data`` with its clean logits and each attack's result (crafted on ``model``).
 
     Untargeted attacks get the true labels; targeted ones ``target_fn(x, y, clean_logits)`` (as in ``evaluate``).
+    ``check(x)`` sees each batch's input before any forward (a study refusing inputs it cannot use raises there).
     """
     check_targets(named, target_fn)
     model = task.logits_model(model)  # idempotent: the study entry points have wrapped it already
     device = model_device(model)
     for x, y in batches(data):
+        if check is not None:
+            check(x)
         x, y = x.to(device), y.to(device)
         clean = forward(model, x)
         task.validate(clean, y, "y")
@@ -161,7 +166,8 @@ def attacked_batches(model: nn.Module, task: Task, data: Any, named: list[tuple[
         for name, atk in named:
             fn = target_for(target_fn, name)
             target = fn(x, y, clean) if fn is not None and is_targeted(atk) else y
-            out.append(Attacked(name, atk, target, atk(model, x, target)))
+            # through the run's cache: what evaluate() crafted for these samples is read back, not crafted again
+            out.append(Attacked(name, atk, target, craft(atk, model, x, target)))
         yield Batch(x, y, clean, out)
 
 

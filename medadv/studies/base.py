@@ -1,9 +1,9 @@
 """Common result container for the papers' studies (issue 12).
 
-Every study (``classwise``, ``transfer``, ``corruptions``, ``noise_baseline``, ``frequency``, ``models``,
-``correlation``) returns one :class:`StudyResult`: a tidy table (``rows``: one dict per key combination) plus
-``meta`` for anything that is not tabular (confusion matrices, embeddings, ...). Everything is JSON-able so that a
-study can be saved next to ``report.md`` and rendered later by :mod:`medadv.report.html`.
+Every registered study (:func:`medadv.studies.available_studies`) returns one :class:`StudyResult`: a tidy table
+(``rows``: one dict per key combination, the row contract of :mod:`medadv.studies.registry`) plus ``meta`` for
+anything that is not tabular (confusion matrices, embeddings, ...). Everything is JSON-able so that a study can be
+saved next to ``report.md`` and rendered later by :mod:`medadv.report.html`.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class StudyResult:
     Attributes
     ----------
     study:
-        ``"classwise" | "transfer" | "corruptions" | "noise_baseline" | "frequency" | "models" | "correlation"``.
+        the registered study's name (``"classwise"``, ``"transfer"``, ...: :func:`medadv.studies.available_studies`).
     rows:
         One dict per key combination (e.g. attack x budget x class), values JSON-able.
     meta:

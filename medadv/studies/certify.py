@@ -42,18 +42,37 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import torch
+from pydantic import Field, Strict, model_validator
+from pydantic_core import PydanticCustomError
 from torch import Tensor, nn
 
 from ..certify import CertifyResult, RandomizedSmoothing, certified_accuracy, certified_dice
 from ..params import InvalidParameterError, Real
+from ..report.blocks import (
+    PALETTE,
+    Bullets,
+    Section,
+    StudyLike,
+    Text,
+    data_table,
+    escape,
+    figure_image,
+    fmt,
+    is_num,
+    pyplot,
+    raw_table,
+    study_metric,
+    style_axes,
+)
 from ..runtime import forward_tensor, model_device
 from ..tasks import Task, task_family
 from ..threats import L2, Bounds, Box
-from ._common import batches, check_model, check_task, mean
+from ._common import AttackSpec, TargetFn, batches, check_model, check_task, mean
 from .base import StudyResult
+from .registry import Int, Number, StudySpec, data_box, one_model, register_study
 
 __all__ = ["certify", "NoiseExpectation", "smoothed_metric", "empirical_smoothed", "EMPIRICAL"]
 
@@ -301,3 +320,121 @@ def certify(
             "empirical_steps": empirical_steps, "draws": draws, "bounds": box.describe(), "samples": total,
             "abstain_fraction": mean(abstain_t), "violations": violations, "masking": masking}
     return StudyResult("certify", rows, meta)
+
+
+# --- the report section -------------------------------------------------------------------------------------------
+CERTIFY_RULE = ("certified ≤ empirical must hold at every radius (a certificate is a lower bound on the robust "
+                "metric of the smoothed model); a violation would mean a bug")
+
+
+def _draw_certify(study: StudyLike, class_names: Sequence[str] | None) -> Section:
+    """Certified vs. empirical curve of one smoothed model (:func:`medadv.studies.certify.certify`)."""
+    metric = study_metric(study)
+    meta = study.meta
+    curve = sorted((r for r in study.rows if r.get("kind") == "curve"), key=lambda r: float(r["radius"]))
+    if not curve:
+        raise KeyError("no curve rows")
+    radii = [float(r["radius"]) for r in curve]
+    has_emp = any(is_num(r.get("empirical")) for r in curve)
+    bad = [r for r in curve if r.get("violation")]
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.2, 3.9))
+    ax.plot(radii, [r.get("certified") for r in curve], marker="o", color=PALETTE[0], label="certified (smoothed)")
+    attack = str(meta.get("empirical") or "auto")
+    if has_emp:
+        ax.plot(radii, [r.get("empirical") for r in curve], marker="s", ls="--", color=PALETTE[1],
+                label=f"empirical: {attack} on the smoothed model")
+        ax.fill_between(radii, [r.get("certified") for r in curve], [r.get("empirical") for r in curve],
+                        color=PALETTE[1], alpha=0.08, lw=0)
+    for r in bad:
+        ax.plot([r["radius"]], [r.get("certified")], marker="X", ms=12, color="#c00000", ls="none",
+                label="violation: certified > empirical" if r is bad[0] else None)
+    style_axes(ax, "L2 radius (data units)", metric, f"{metric} of the smoothed model (σ = {fmt(meta.get('sigma'))})")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xticks(radii)
+    ax.legend(fontsize=8, loc="lower left", frameon=False)
+    fig.tight_layout()
+    intro = (f"Gaussian randomized smoothing (Cohen et al. 2019), σ = {escape(fmt(meta.get('sigma')))}, "
+             f"n0 = {escape(meta.get('n0'))}, n = {escape(meta.get('n'))}, α = {escape(fmt(meta.get('alpha')))} "
+             f"({escape(meta.get('correction'))}"
+             f"{'' if meta.get('tau') is None else ', τ = ' + escape(fmt(meta.get('tau')))}): the <b>certified</b> "
+             f"{escape(metric)} "
+             "at each L2 radius, abstentions as errors (radius 0: the smoothed model's certified clean metric)")
+    if has_emp:
+        intro += (f", and the <b>empirical</b> {escape(metric)} of the same smoothed model under <code>{escape(attack)}</code> "
+                  f"in the L2 ball of that radius, run on the average over {escape(meta.get('draws'))} fixed noise draws "
+                  "(Salman et al. 2019) and scored by the smoothed model's majority vote")
+    intro += f". <b>{CERTIFY_RULE}.</b>"
+    blocks: list[Any] = []
+    if bad:
+        blocks.append(Bullets([f"<b>VIOLATION at r = {fmt(r['radius'])}</b>: certified {fmt(r.get('certified'))} &gt; "
+                               f"empirical {fmt(r.get('empirical'))} (a bug, or the α event / Monte Carlo error of "
+                               "the smoothed prediction)" for r in bad], "bad"))
+    elif has_emp:
+        blocks.append(Text([f"certified ≤ empirical holds at every radius ({len(curve)} radii checked)."]))
+    blocks.append(figure_image(fig, "certified and empirical robustness curves of the smoothed model"))
+    cols = ["radius", "certified", "empirical", "gap", "violation", "predict_abstain"]
+    table = data_table(curve, [c for c in cols if any(c in r for r in curve)],
+                       "curve rows; predict_abstain: share of elements where PREDICT's test would abstain")
+    for row, r in zip(table.rows, curve, strict=True):
+        if r.get("violation"):
+            for cell in row:
+                cell.cls = (cell.cls + " bad").strip()
+    blocks.append(table)
+    if meta.get("masking"):
+        blocks.append(Bullets([f"gradient-masking check on the surrogate: {escape(m)}" for m in meta["masking"]], "warn"))
+    others = [r for r in study.rows if r.get("kind") != "curve"]
+    if others:
+        blocks.append(raw_table(others, "per-sample (and per-label) rows: certified radius, abstentions, "
+                                "certified share of the elements at each radius"))
+    return Section("study-certify", f"Certified robustness (randomized smoothing) · {metric}", intro, blocks)
+
+
+# --- the config entry ---------------------------------------------------------------------------------------------
+def _needs_smoothing(task: Task) -> str | None:
+    """Why randomized smoothing cannot smooth ``task`` (a kind that declares no smoothing family), or None."""
+    from ..certify.smoothing import FAMILIES
+
+    # the family a kind declares (traits.certify.family), as RandomizedSmoothing reads it
+    certify = getattr(getattr(task, "traits", None), "certify", None)
+    family = getattr(certify, "family", None) if certify is not None else task_family(task)
+    if family in FAMILIES:
+        return None
+    return f"randomized smoothing needs a task kind with a smoothing family ({', '.join(FAMILIES)})"
+
+
+@register_study("certify", draw=_draw_certify, needs=_needs_smoothing,
+                check_options={"sigma": 0.1, "radii": [0.1], "n0": 2, "n": 4, "draws": 1, "empirical_steps": 1})
+class CertifySpec(StudySpec):
+    """Randomized-smoothing certificates vs. an attack on the same smoothed model (Cohen et al. 2019, Salman et
+    al. 2019): :func:`medadv.studies.certify.certify`. ``sigma`` and ``radii`` in data units (L2); ``bounds``: the
+    attack's data box (default: the attacks' box; ``null``: unbounded)."""
+
+    study: Literal["certify"]
+    sigma: Number = Field(gt=0.0)
+    radii: Annotated[list[Annotated[float, Strict(), Field(gt=0.0)]], Field(min_length=1)]
+    n0: Int = Field(100, ge=1)
+    n: Int = Field(1000, ge=1)
+    alpha: Number = Field(0.001, gt=0.0, lt=1.0)
+    batch_size: Int = Field(256, ge=1)
+    correction: Literal["bonferroni", "holm"] = "bonferroni"
+    tau: Annotated[float, Strict(), Field(gt=0.5, lt=1.0)] | None = None
+    seed: Int | None = 0
+    empirical: Literal["auto", "pgd", "none"] = "auto"
+    empirical_steps: Annotated[int, Strict(), Field(ge=1)] | None = None
+    draws: Int = Field(8, ge=1)
+    bounds: Annotated[list[Number], Field(min_length=2, max_length=2)] | None = None
+
+    @model_validator(mode="after")
+    def _holm_needs_tau(self) -> CertifySpec:
+        if self.correction == "holm" and self.tau is None:
+            raise PydanticCustomError("certify_tau", "needs `tau` with `correction: holm` (Holm tests p <= tau per "
+                                      "element, e.g. tau: 0.75); use `correction: bonferroni` without it")
+        return self
+
+    def run(self, models: dict[str, nn.Module], task: Task, data: Any, attacks: AttackSpec | None,
+            target_fn: TargetFn | None) -> StudyResult:
+        return certify(one_model(models, self), task, data, sigma=self.sigma, radii=self.radii, n0=self.n0, n=self.n,
+                       alpha=self.alpha, batch_size=self.batch_size, correction=self.correction, tau=self.tau,
+                       seed=self.seed, empirical=self.empirical, empirical_steps=self.empirical_steps,
+                       draws=self.draws, bounds=data_box(self, attacks, "certify", required=False))

@@ -28,12 +28,34 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import torch
+from pydantic import Field, Strict, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 from torch import Tensor, nn
 
+from ..attack_cache import craft
 from ..attacks.base import Attack
+from ..report.blocks import (
+    Section,
+    StudyLike,
+    bars,
+    data_table,
+    figure_image,
+    fmt,
+    grid,
+    group_rows,
+    heatmap,
+    is_nan,
+    legend_top,
+    mean_of,
+    pretty_key,
+    raw_table,
+    setting_title,
+    study_metric,
+    walk_matrices,
+)
 from ..tasks import Task, registered_task_classes
 from ..threats import Bounds, Box
 from ._common import (
@@ -50,6 +72,7 @@ from ._common import (
 )
 from .base import StudyResult
 from .models import cosine
+from .registry import Int, Number, StudySpec, data_box, one_model, pick_models, register_study
 
 __all__ = ["classwise", "confusion_matrix", "class_stats", "cfps", "multilabel_stats", "pair_matrix"]
 
@@ -320,7 +343,7 @@ def _one_model(model: nn.Module, task: Task, data: Any, plan: _Plan) -> tuple[St
                 targets = _targets(plan.target_classes, outputs, _names(plan.class_names, outputs))
             for ai, (_, atk) in enumerate(plan.targeted):
                 for t in targets:
-                    res = atk(model, batch.x, torch.full_like(batch.y, t))
+                    res = craft(atk, model, batch.x, torch.full_like(batch.y, t))
                     tgt_preds.setdefault((ai, t), []).append(task.predict(res.logits).detach().cpu())
         first += batch.x.shape[0]
     if not ys:
@@ -570,3 +593,198 @@ def _segmentation(task: Any, num: int, y: Tensor, clean: Tensor, conditions: lis
 
 #: the breakdown of each ``Task.classwise_view``
 _BREAKDOWNS = {"classes": _multiclass, "labels": _multilabel, "map": _segmentation}
+
+
+# --- the report section -------------------------------------------------------------------------------------------
+_CLASSWISE_VALUES = ("class", "support", "clean", "adv", "cfps_clean", "cfps_adv", "cfns_clean", "cfns_adv")
+
+
+def _confusion_figures(conf: Any, names: Sequence[str] | None, kind: str | None = None) -> list[Any]:
+    """Heatmaps of the confusion matrices of a class-wise study, four per figure.
+
+    Classes (``kind`` None): normalised per true class. Label pairs of a multi-label study (``kind`` says
+    what rows and columns are): raw counts on one colour scale for all matrices.
+    """
+    mats = walk_matrices(conf)
+    blocks: list[Any] = []
+    per_fig = 4
+    top = max([1.0] + [float(v or 0) for _, m in mats for row in m for v in row])
+    for start in range(0, len(mats), per_fig):
+        chunk = mats[start : start + per_fig]
+        k = max(len(m) for _, m in chunk)
+        size = min(4.6, 1.6 + 0.35 * k)
+        fig, axes = grid(len(chunk), per_fig if len(mats) > 1 else 1, size + 0.6, size)
+        for ax, (title, m) in zip(axes, chunk, strict=False):
+            labels = list(names)[: len(m)] if names and len(names) >= len(m) else [str(j) for j in range(len(m))]
+            if kind:
+                shown = [[float(v or 0) for v in row] for row in m]
+                pair = "missed" in kind and "spurious" in kind
+                heatmap(ax, shown, labels, labels, title=pretty_key(title), cmap="Blues", vmin=0.0, vmax=top,
+                        digits=0, xlabel="spurious label" if pair else "column",
+                        ylabel="missed label" if pair else "row", colorbar=False)
+            else:
+                shown = []
+                for row in m:
+                    total = sum(float(v or 0) for v in row)
+                    shown.append([float(v or 0) / total if total else math.nan for v in row])
+                heatmap(ax, shown, labels, labels, title=pretty_key(title), cmap="Blues", vmin=0.0, vmax=1.0,
+                        xlabel="predicted", ylabel="true", colorbar=False)
+            off = sum(float(v or 0) for i, row in enumerate(m) for j, v in enumerate(row) if i != j or kind)
+            if off == 0:  # nothing to see: say so rather than leave an empty square
+                ax.text(0.5, 0.5, "no errors", transform=ax.transAxes, ha="center", va="center", fontsize=10,
+                        color="#5b6573", bbox=dict(facecolor="white", edgecolor="none", alpha=0.8))
+        fig.tight_layout()
+        caption = (f"Counts of {kind}, one colour scale for all panels." if kind else
+                   "Confusion matrices normalised per true class (each row sums to 1; rows = true class, columns = "
+                   "prediction). Off-diagonal mass under attack shows where the errors go.")
+        blocks.append(figure_image(fig, "confusion matrices, clean and attacked", caption))
+    return blocks
+
+
+def _draw_classwise(study: StudyLike, class_names: Sequence[str] | None) -> Section:
+    own = study.meta.get("classes")
+    # the study's own names, unless it ran without any (indices) and the report has the config's
+    plain = own is None or list(own) == [str(i) for i in range(len(own))]
+    names = list(class_names) if class_names and plain and (own is None or len(own) == len(class_names)) else own
+
+    def label(c: Any) -> str:
+        return str(names[c]) if names and isinstance(c, int) and 0 <= c < len(names) else str(c)
+    metric = study_metric(study, "per-class metric")
+    per_class = [r for r in study.rows if "target" not in r]  # targeted-success rows are drawn apart
+    extra = [c for c in dict.fromkeys(k for r in per_class for k in r) if c not in _CLASSWISE_VALUES]
+    groups = group_rows(per_class, extra)
+    blocks: list[Any] = []
+    has_cfns = any("cfns_adv" in r for r in study.rows)
+    if groups:
+        keys = list(groups)[:6]
+        fig, axes = grid(len(keys) * (2 + has_cfns), 2 + has_cfns, 3.9 if has_cfns else 4.6, 3.0)
+        for gi, key in enumerate(keys):
+            rows = groups[key]
+            cls = [label(r.get("class")) for r in rows]
+            title = setting_title(dict(zip(extra, key, strict=True)))
+            ax = axes[gi * (2 + has_cfns)]
+            bars(ax, cls, [("clean", [r.get("clean") for r in rows]), ("attacked", [r.get("adv") for r in rows])],
+                 metric, f"{metric}: {title}")
+            ax = axes[gi * (2 + has_cfns) + 1]
+            top = max([0.05] + [float(v) for r in rows for v in (r.get("cfps_clean"), r.get("cfps_adv"))
+                                if not is_nan(v)])
+            bars(ax, cls, [("clean", [r.get("cfps_clean") for r in rows]),
+                            ("attacked", [r.get("cfps_adv") for r in rows])],
+                  "CFPS", f"CFPS: {title}", (0.0, min(1.0, top * 1.15)))
+            if has_cfns:
+                ax = axes[gi * 3 + 2]
+                top = max([0.05] + [float(v) for r in rows for v in (r.get("cfns_clean"), r.get("cfns_adv"))
+                                    if not is_nan(v)])
+                bars(ax, cls, [("clean", [r.get("cfns_clean") for r in rows]),
+                                ("attacked", [r.get("cfns_adv") for r in rows])],
+                      "CFNS", f"CFNS: {title}", (0.0, min(1.0, top * 1.15)))
+        legend_top(fig, axes[0])
+        more = f" (first 6 of {len(groups)} settings)" if len(groups) > 6 else ""
+        blocks.append(figure_image(fig, "per-class metric and CFPS, clean vs attacked",
+                                   f"Left: {metric} per class. Right: the Class False Positive Score (CFPS), the share "
+                                   "of all errors that land on each class; a class with a high CFPS attracts errors "
+                                   "(an easy target for targeted attacks)." + more))
+    if "confusion" in study.meta:
+        kind = study.meta.get("confusion_kind")
+        blocks += _confusion_figures(study.meta["confusion"], names, str(kind) if kind else None)
+    attractors = study.meta.get("attractors")
+    if attractors:
+        items = attractors.items() if isinstance(attractors, Mapping) else enumerate(attractors)
+        rows = [{"setting": pretty_key(str(k)), "attractors (most errors first)": " > ".join(map(str, v))
+                 if isinstance(v, list) else str(v)} for k, v in items]
+        blocks.append(data_table(rows, ["setting", "attractors (most errors first)"], "Classes ranked by CFPS."))
+    targeted = [r for r in study.rows if "target" in r]
+    if targeted:  # Medi et al. Fig. 5: success per target class next to the target's clean CFPS
+        tgroups = group_rows(targeted, [k for k in ("model", "attack", "budget") if any(k in r for r in targeted)])
+        fig, axes = grid(min(len(tgroups), 6), 2, 5.0, 3.2)
+        for ax, (tkey, rows) in zip(axes, list(tgroups.items())[:6], strict=False):
+            bars(ax, [str(r["target"]) for r in rows], [("success", [r.get("success") for r in rows]),
+                                                         ("clean CFPS", [r.get("cfps_clean") for r in rows])],
+                  "share", " · ".join(str(k) for k in tkey if k is not None))
+        legend_top(fig, axes[0])
+        spear = study.meta.get("targeted") or {}
+        rho = "; ".join(f"{pretty_key(str(k))}: ρ = {fmt(v.get('spearman_cfps'))}" for k, v in spear.items()
+                        if isinstance(v, Mapping))
+        blocks.append(figure_image(fig, "targeted success per target class",
+                                   "Share of the samples of other classes that a targeted attack pushes into each "
+                                   "target class, next to that class's clean CFPS (Medi et al.: classes that attract "
+                                   "errors are easy targets). Spearman ρ(CFPS, success): " + (rho or "–") + "."))
+    sim = study.meta.get("similarity")
+    if isinstance(sim, Mapping) and isinstance(sim.get("definitions"), Mapping):
+        models = [str(m) for m in sim.get("models") or []]
+        primary = sim["definitions"].get(sim.get("primary", "errors")) or {}
+        if primary:
+            chunk = list(primary.items())[:4]
+            fig, axes = grid(len(chunk), 4, max(3.4, 1.4 + 0.7 * len(models)), max(3.0, 1.2 + 0.6 * len(models)))
+            for ax, (cond, m) in zip(axes, chunk, strict=False):
+                heatmap(ax, m, models, models, title=pretty_key(str(cond)), cmap="viridis", vmin=0.0, vmax=1.0,
+                        colorbar=False)
+            fig.tight_layout()
+            blocks.append(figure_image(fig, "model-to-model cosine similarity of the error patterns",
+                                       "Cosine similarity of the models' off-diagonal confusion entries (where their "
+                                       "errors go; Medi et al. App. B report 0.76–0.83 between robust CIFAR-10 "
+                                       "models)."))
+        summary = []
+        for d, per_cond in sim["definitions"].items():
+            for cond, m in per_cond.items():
+                off = [float(v) for i, row in enumerate(m) for j, v in enumerate(row) if i < j and not is_nan(v)]
+                summary.append({"definition": d, "condition": pretty_key(str(cond)),
+                                "mean over model pairs": mean_of(off)})
+        blocks.append(data_table(summary, ["definition", "condition", "mean over model pairs"],
+                                 "Model-to-model similarity: errors, CFPS and per-class metric as cosines; agreement = "
+                                 "share of equal predictions."))
+    blocks.append(raw_table(study.rows, "all rows of the class-wise study"))
+    return Section("study-classwise", f"Class-wise robustness (Medi et al.) · {metric}",
+                   "Which classes suffer most under attack, and which classes the errors go to. CFPS<sub>j</sub> = "
+                   "FP<sub>j</sub> / all errors (sums to 1 over classes).", blocks)
+
+
+# --- the config entry ---------------------------------------------------------------------------------------------
+def _needs_classes(task: Task) -> str | None:
+    """Why ``task`` has no class-wise breakdown (``Task.classwise_view`` none of :data:`_BREAKDOWNS`), or None."""
+    if task.classwise_view in _BREAKDOWNS:
+        return None
+    kinds = [c.name for c in registered_task_classes() if c.classwise_view in _BREAKDOWNS]
+    return f"classwise needs a task with classes or labels ({', '.join(kinds)})"
+
+
+@register_study("classwise", draw=_draw_classwise, needs=_needs_classes)
+class ClasswiseSpec(StudySpec):
+    """Per-class recall / label accuracy / Dice, CFPS, confusion matrices, attractors (Medi et al.).
+
+    ``corruptions`` (names or a suite such as ``xu2021``) at ``severity`` are conditions next to the attacks
+    (``bounds``: their data box, default the attacks'); ``target_classes`` (``all`` or a list) runs every
+    targeted attack once per target class (multi-class); ``models`` (two or more) runs the study on each and
+    adds their model-to-model cosine similarity (Medi et al., App. B)."""
+
+    study: Literal["classwise"]
+    class_names: list[str] | None = None
+    corruptions: Annotated[list[str], Field(min_length=1)] | str | None = None
+    severity: Int = Field(3, ge=1, le=5)
+    seed: Int = 0
+    bounds: Annotated[list[Number], Field(min_length=2, max_length=2)] | None = None
+    target_classes: Literal["all"] | Annotated[list[Annotated[int, Strict(), Field(ge=0)] | str],
+                                               Field(min_length=1)] | None = None
+    models: Annotated[list[str], Field(min_length=2)] | None = None
+
+    @field_validator("corruptions")
+    @classmethod
+    def _known_corruptions(cls, names: list[str] | str | None) -> list[str] | str | None:
+        from .corruptions import CorruptionsSpec
+
+        return CorruptionsSpec._known(names)  # type: ignore[operator]
+
+    @model_validator(mode="after")
+    def _model_or_models(self) -> ClasswiseSpec:
+        if self.model is not None and self.models is not None:
+            raise PydanticCustomError("classwise_models", "give `model` (one) or `models` (several), not both")
+        return self
+
+    def run(self, models: dict[str, nn.Module], task: Task, data: Any, attacks: AttackSpec | None,
+            target_fn: TargetFn | None) -> StudyResult:
+        which: nn.Module | dict[str, nn.Module] = (pick_models(models, self.models, "models") if self.models is not None
+                                                   else one_model(models, self))
+        bounds = data_box(self, attacks, "classwise", required=False) if self.corruptions else None
+        return classwise(which, task, data, attacks, class_names=self.class_names, target_fn=target_fn,
+                         corruptions=self.corruptions, severity=self.severity, bounds=bounds, seed=self.seed,
+                         target_classes=self.target_classes)

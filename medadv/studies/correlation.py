@@ -17,12 +17,28 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal
 
 import torch
+from pydantic import Field
 from torch import Tensor, nn
 
+from ..config_schema import DataSection
+from ..report.blocks import (
+    MARKERS,
+    PALETTE,
+    Section,
+    StudyLike,
+    data_table,
+    figure_image,
+    grid,
+    heatmap,
+    pretty_key,
+    pyplot,
+    raw_table,
+    style_axes,
+)
 from ..tasks import Task
 from ._common import (
     AttackSpec,
@@ -36,6 +52,7 @@ from ._common import (
     named_attacks,
 )
 from .base import StudyResult
+from .registry import Int, Number, StudySpec, one_model, register_study
 
 __all__ = ["correlation", "cooccurrence", "pca_2d", "tsne_2d", "layer_features", "knn_separability", "knn_probe",
            "matched_noise"]
@@ -195,6 +212,21 @@ def matched_noise(x: Tensor, x_adv: Tensor, box: Any, *, norm: str = "l2",
     return box.clip(x + z * hi.reshape(shape))
 
 
+def _ssim_noise(x: Tensor, x_adv: Tensor, box: Any, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+    """Gaussian noise with each sample's SSIM to ``x`` equal to its adversarial example's (Paschali et al.'s
+    control, :func:`~medadv.studies.corruptions.match_noise`): ``(x_noise, ssim_adv, ssim_noise)``, the SSIMs
+    ``(N,)`` float64 on the CPU."""
+    from ..metrics.image import ssim
+    from .corruptions import _win, match_noise
+
+    x, x_adv = x.detach(), x_adv.detach().to(x.device)
+    rng, win = box.data_range(x), _win(x)
+    s_adv = ssim(x, x_adv, data_range=rng, win_size=win)
+    x_noise, _ = match_noise(x, s_adv, box=box, match="ssim", noise="gaussian", generator=generator)
+    s_noise = ssim(x, x_noise, data_range=rng, win_size=win)
+    return x_noise, s_adv.double().cpu(), s_noise.detach().double().cpu()
+
+
 _GROUPS = ("train", "clean", "noisy", "adv")
 _PAIRS = (("clean", "adv"), ("clean", "noisy"), ("noisy", "adv"), ("train", "clean"), ("train", "adv"))
 
@@ -253,7 +285,9 @@ def correlation(
             features show where each class lives; the kNN probe reads the test groups' labels off it. ``None``:
             no train group and no probe.
         noise: the noisy control group: Gaussian noise with each sample's ``"l2"`` or ``"linf"`` norm equal to
-            its adversarial perturbation's (data units), clipped to the attack's box.
+            its adversarial perturbation's (data units), clipped to the attack's box; or ``"ssim"``: Gaussian
+            noise with each sample's SSIM to the clean image equal to its adversarial example's (Paschali et al.
+            2018, Fig. 3; :func:`~medadv.studies.corruptions.match_noise`; the box must have one data range).
         seed: seed of the noise (a private generator) and of t-SNE.
         perplexity: t-SNE perplexity (capped at (N − 1) / 3).
         knn: neighbours of the kNN separability and probe.
@@ -268,8 +302,9 @@ def correlation(
         [...]}, "explained": [..] (pca)}}``; ``embedding`` (the first method, ``clean``/``adv``/``labels`` as
         before); ``separation``: rows ``{attack, space ("features" or a method), pair ("clean|adv", ...),
         centroid_distance (over the clean spread), knn_separability (0.5 mixed .. 1 separated)}``; ``probe``
-        (with ``train_data``): rows ``{attack, space, group, knn_label_accuracy}``; ``noise`` (the matched norm
-        and the mean norms); ``cooccurrence`` ``{"clean": M, "adv": M, "labels": names}`` (multi-label),
+        (with ``train_data``): rows ``{attack, space, group, knn_label_accuracy}``; ``noise`` (``match``, the mean
+        norms ``adv_norm`` / ``noise_norm`` (L2 for ``"ssim"``), and for ``"ssim"`` the mean SSIMs ``ssim_adv``
+        / ``ssim_noise``); ``cooccurrence`` ``{"clean": M, "adv": M, "labels": names}`` (multi-label),
         ``layer``, ``attack``.
     """
     model = check_task(task).logits_model(check_model(model))  # declared probabilities: logits
@@ -281,8 +316,12 @@ def correlation(
     methods = list(dict.fromkeys(str(m) for m in embedding))
     if not methods or any(m not in ("pca", "tsne") for m in methods):
         raise ValueError(f"`embedding` must list 'pca' and/or 'tsne', got {list(embedding)}")
-    if noise not in ("l2", "linf"):
-        raise ValueError(f"`noise` must be 'l2' or 'linf', got {noise!r}")
+    if noise not in ("l2", "linf", "ssim"):
+        raise ValueError(f"`noise` must be 'l2', 'linf' or 'ssim', got {noise!r}")
+    if noise == "ssim":  # SSIM needs one data range: a per-channel box of several widths is refused before any work
+        for _, atk in named:
+            if atk.box.bounds is not None:
+                atk.box.data_range()
     if int(knn) < 1:
         raise ValueError(f"`knn` must be >= 1, got {knn}")
     gen = torch.Generator().manual_seed(int(seed))
@@ -292,7 +331,7 @@ def correlation(
     f_clean: list[Tensor] = []
     f_adv: dict[int, list[Tensor]] = {i: [] for i in range(len(named))}
     f_noise: dict[int, list[Tensor]] = {i: [] for i in range(len(named))}
-    norms: dict[str, list[Tensor]] = {"adv": [], "noise": []}
+    norms: dict[str, list[Tensor]] = {"adv": [], "noise": [], "ssim_adv": [], "ssim_noise": []}
     outputs = 0
     for batch in attacked_batches(model, task, data, named, target_fn):
         ys.append(batch.y.detach().cpu())
@@ -302,12 +341,19 @@ def correlation(
         for i, att in enumerate(batch.attacked):
             adv_pred[i].append(task.predict(att.result.logits).detach().cpu())
             f_adv[i].append(layer_features(model, att.result.x_adv, layer))
-            x_noise = matched_noise(batch.x, att.result.x_adv, att.attack.box, norm=noise, generator=gen)
+            if noise == "ssim":
+                x_noise, s_adv, s_noise = _ssim_noise(batch.x, att.result.x_adv, att.attack.box, gen)
+            else:
+                x_noise = matched_noise(batch.x, att.result.x_adv, att.attack.box, norm=noise, generator=gen)
             f_noise[i].append(layer_features(model, x_noise, layer))
             if i == 0:
-                p = "fro" if noise == "l2" else math.inf
+                # SSIM matching keeps no norm: its L2 norms are recorded, to show how much noise the SSIM allows
+                p = math.inf if noise == "linf" else "fro"
                 norms["adv"].append((att.result.x_adv - batch.x).flatten(1).norm(p=p, dim=1).detach().double().cpu())
                 norms["noise"].append((x_noise - batch.x).flatten(1).norm(p=p, dim=1).detach().double().cpu())
+                if noise == "ssim":
+                    norms["ssim_adv"].append(s_adv)
+                    norms["ssim_noise"].append(s_noise)
     if not ys:
         raise ValueError("`data` is empty")
     y, cp = torch.cat(ys), torch.cat(clean_pred)
@@ -387,7 +433,9 @@ def correlation(
                       "noisy": first["groups"]["noisy"], "labels": test_labels,
                       "explained": first.get("explained")},
         "noise": {"match": noise, "adv_norm": float(torch.cat(norms["adv"]).mean()),
-                  "noise_norm": float(torch.cat(norms["noise"]).mean())},
+                  "noise_norm": float(torch.cat(norms["noise"]).mean()),
+                  **({"kind": "gaussian", "norm": "l2", "ssim_adv": float(torch.cat(norms["ssim_adv"]).mean()),
+                      "ssim_noise": float(torch.cat(norms["ssim_noise"]).mean())} if noise == "ssim" else {})},
         "seed": seed,
     }
     if probe:
@@ -397,3 +445,149 @@ def correlation(
         meta["cooccurrence"] = {"clean": m_clean.tolist(), "adv": cooccurrence(torch.cat(adv_pred[0])).tolist(),
                                 "labels": [str(n) for n in names]}
     return StudyResult("correlation", rows, meta)
+
+
+# --- the report section -------------------------------------------------------------------------------------------
+def _draw_correlation(study: StudyLike, class_names: Sequence[str] | None) -> Section:
+    blocks: list[Any] = []
+    emb = study.meta.get("embedding")
+    embs = study.meta.get("embeddings")
+    if isinstance(embs, Mapping) and embs:  # train / clean / noisy / adversarial, one panel per method
+        from matplotlib.lines import Line2D
+
+        colours = {"train": "#BBBBBB", "clean": PALETTE[0], "noisy": PALETTE[2], "adv": PALETTE[1]}
+        match = (study.meta.get("noise") or {}).get("match") if isinstance(study.meta.get("noise"), Mapping) else None
+        same = "Gaussian noise, same SSIM" if match == "ssim" else "noise, same norm"
+        shown = {"train": "train (control)", "clean": "clean", "noisy": same, "adv": "adversarial"}
+        fig, axes = grid(len(embs), 2, 5.0, 4.2)
+        for ax, (method, e) in zip(axes, embs.items(), strict=False):
+            groups = e.get("groups") or {}
+            labels = e.get("labels") or {}
+            tops = sorted({str(v) for vs in labels.values() for v in vs})[:4]
+            for g in ("train", "clean", "noisy", "adv"):
+                pts = groups.get(g) or []
+                labs = [str(v) for v in labels.get(g, [])]
+                for mi, lab in enumerate(tops + ["other"]):
+                    sel = [p for p, q in zip(pts, labs or ["other"] * len(pts), strict=False)
+                           if (q == lab) or (lab == "other" and q not in tops)]
+                    if sel:
+                        ax.scatter([p[0] for p in sel], [p[1] for p in sel], s=12 if g == "train" else 18,
+                                   marker=MARKERS[mi % len(MARKERS)], color=colours[g],
+                                   alpha=0.45 if g == "train" else 0.85, linewidths=0)
+            ex = e.get("explained")
+            note = f" ({100 * sum(ex):.0f}% of the variance)" if ex else ""
+            style_axes(ax, "axis 1", "axis 2", f"{'PCA' if method == 'pca' else 't-SNE'}{note}")
+        handles = [Line2D([], [], ls="", marker="o", color=colours[g], label=shown[g])
+                   for g in ("train", "clean", "noisy", "adv") if any(g in (e.get("groups") or {}) for e in embs.values())]
+        first = next(iter(embs.values()))
+        tops = sorted({str(v) for vs in (first.get("labels") or {}).values() for v in vs})[:4]
+        handles += [Line2D([], [], ls="", marker=MARKERS[i % len(MARKERS)], color="#444444", label=f"label {t}")
+                    for i, t in enumerate(tops)]
+        fig.legend(handles=handles, loc="upper center", ncol=min(4, len(handles)), fontsize=8, frameon=False)
+        fig.tight_layout(rect=(0, 0, 1, 1 - 0.55 / fig.get_figheight()))
+        what = f" of layer {study.meta['layer']}" if study.meta.get("layer") else ""
+        under = f" under {pretty_key(study.meta['attack'])}" if study.meta.get("attack") else ""
+        blocks.append(figure_image(fig, f"PCA and t-SNE of the features{what}{under}",
+                                   "Features of the groups embedded jointly (colour: group; marker: label). Xu et al. "
+                                   "(Fig. 7): adversarial samples leave their class among the training features, "
+                                   f"{'Gaussian noise of the same SSIM' if match == 'ssim' else 'noise of the same norm'}"
+                                   " (the control) does not."))
+        sep = study.meta.get("separation") or []
+        if sep:
+            blocks.append(data_table(sep, ["space", "pair", "centroid_distance", "knn_separability"],
+                                     "Per space and pair of groups: distance between centroids (over the clean spread) "
+                                     "and kNN separability (0.5: mixed, 1: separated)."))
+        probe = study.meta.get("probe") or []
+        if probe:
+            blocks.append(data_table(probe, ["space", "group", "knn_label_accuracy"],
+                                     "kNN probe: the share of test samples whose nearest training features carry "
+                                     "their label."))
+    elif isinstance(emb, Mapping) and emb.get("clean"):
+        plt = pyplot()
+        fig, ax = plt.subplots(figsize=(7.2, 4.6))
+        from matplotlib.lines import Line2D
+
+        clean_pts, adv_pts = emb["clean"], emb.get("adv") or []
+        labels = [str(v) for v in (emb.get("labels") or ["all"] * len(clean_pts))]
+        # the 7 most frequent labels (or label sets) get a colour, the rest are grey "other"
+        counts: dict[str, int] = {}
+        for lab in labels:
+            counts[lab] = counts.get(lab, 0) + 1
+        top = sorted(counts, key=lambda c: -counts[c])[:7]
+        colour = {c: PALETTE[i] for i, c in enumerate(top)}
+        if len(adv_pts) == len(clean_pts):  # where each sample moved
+            for p, q in zip(clean_pts, adv_pts, strict=True):
+                ax.plot([p[0], q[0]], [p[1], q[1]], color="#999999", lw=0.5, alpha=0.35, zorder=1)
+        for pts, marker in ((clean_pts, "o"), (adv_pts, "x")):
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker, s=22, zorder=2, alpha=0.9,
+                       c=[colour.get(lab, "#BBBBBB") for lab in labels[: len(pts)]])
+        handles = [Line2D([], [], ls="", marker="s", color=colour[c], label=c) for c in top]
+        if len(counts) > len(top):
+            handles.append(Line2D([], [], ls="", marker="s", color="#BBBBBB", label="other"))
+        handles += [Line2D([], [], ls="", marker="o", color="#444444", label="clean"),
+                    Line2D([], [], ls="", marker="x", color="#444444", label="attacked")]
+        what = f" of layer {study.meta['layer']}" if study.meta.get("layer") else ""
+        under = f" under {pretty_key(study.meta['attack'])}" if study.meta.get("attack") else ""
+        style_axes(ax, "component 1", "component 2", f"feature embedding{what}{under}")
+        ax.legend(handles=handles, fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.01, 0.5),
+                  title="label", title_fontsize=7)
+        fig.tight_layout()
+        blocks.append(figure_image(fig, "2-D projection of clean and adversarial feature embeddings",
+                                   "2-D projection of the features. Circles: clean samples; crosses: the same samples "
+                                   "attacked (a grey line joins the two), coloured by true label. Attacked samples "
+                                   "that land in another label's cluster are read by the model as that label."))
+    co = study.meta.get("cooccurrence")
+    if isinstance(co, Mapping) and co.get("clean"):
+        names = list(co.get("labels") or class_names or [str(j) for j in range(len(co["clean"]))])
+        mats = [("clean", co["clean"])] + ([("attacked", co["adv"])] if co.get("adv") else [])
+        if co.get("adv"):
+            mats.append(("attacked − clean", [[(float(a or 0) - float(b or 0)) for a, b in zip(ra, rb, strict=False)]
+                                              for ra, rb in zip(co["adv"], co["clean"], strict=False)]))
+        size = min(4.8, 1.8 + 0.35 * len(names))
+        fig, axes = grid(len(mats), 3, size + 0.8, size)
+        vmax = max([1e-9] + [abs(float(v or 0)) for _, m in mats[:2] for row in m for v in row])
+        dmax = max([1e-9] + [abs(float(v)) for row in mats[-1][1] for v in row]) if len(mats) == 3 else 1.0
+        for ax, (title, m) in zip(axes, mats, strict=False):
+            diff = title.startswith("attacked −")
+            integer = all(float(v or 0).is_integer() for row in m for v in row)
+            heatmap(ax, m, names, names, title=title, cmap="RdBu_r" if diff else "viridis",
+                    vmin=-dmax if diff else 0.0, vmax=dmax if diff else vmax, digits=0 if integer else 2)
+        fig.tight_layout()
+        blocks.append(figure_image(fig, "label co-occurrence, clean vs attacked",
+                                   "How often two labels are predicted together; the attack changes which labels "
+                                   "appear together."))
+    if study.rows:
+        blocks.append(raw_table(study.rows, "all rows of the correlation study"))
+    return Section("study-correlation", "Feature and label correlation (Xu et al.)",
+                   "Where attacked samples land in the model's feature space, and how labels co-occur.", blocks)
+
+
+# --- the config entry ---------------------------------------------------------------------------------------------
+@register_study("correlation", draw=_draw_correlation, check_options={"embedding": ["pca"]})
+class CorrelationSpec(StudySpec):
+    """Feature embedding from ``layer`` (``null``: the logits) and label co-occurrence under attack (Xu et al.).
+
+    ``embedding``: ``pca`` and/or ``tsne`` (each fitted jointly on all groups). ``train``: the model's training data
+    as a ``data:`` section (``{source: mni152, n: 200, kwargs: {...}}``, any source; paths relative to the config's
+    folder): Xu et al.'s control group in the embedding and the kNN probe's reference
+    (without it: no train group). ``noise``: the noisy control matches each adversarial perturbation's ``l2`` or
+    ``linf`` norm, or (``ssim``) each adversarial example's SSIM, as Paschali et al. (Fig. 3) matched it. ``seed``: the noise and t-SNE. ``knn``: neighbours of the separability score and the probe."""
+
+    study: Literal["correlation"]
+    layer: str | None = Field(None, min_length=1)
+    label_names: list[str] | None = None
+    max_points: Int = Field(2000, ge=2)
+    embedding: Annotated[list[Literal["pca", "tsne"]], Field(min_length=1)] = ["pca", "tsne"]
+    train: DataSection | None = None
+    noise: Literal["l2", "linf", "ssim"] = "l2"
+    seed: Int = 0
+    perplexity: Number = Field(30.0, gt=0.0)
+    knn: Int = Field(5, ge=1)
+
+    def run(self, models: dict[str, nn.Module], task: Task, data: Any, attacks: AttackSpec | None,
+            target_fn: TargetFn | None) -> StudyResult:
+        train = None if self.train is None else self.load(self.train, task)
+        return correlation(one_model(models, self), task, data, attacks if attacks is not None else {}, layer=self.layer,
+                           label_names=self.label_names, max_points=self.max_points, target_fn=target_fn,
+                           embedding=self.embedding, train_data=train, noise=self.noise, seed=self.seed,
+                           perplexity=self.perplexity, knn=self.knn)

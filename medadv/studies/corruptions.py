@@ -41,12 +41,37 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import torch
+from pydantic import Field, Strict, field_validator
+from pydantic_core import PydanticCustomError
 from torch import Tensor, nn
 
 from ..metrics.image import ssim
+from ..params import closest
+from ..report.blocks import (
+    Cell,
+    Section,
+    StudyLike,
+    Table,
+    bars,
+    curve,
+    data_table,
+    escape,
+    figure_image,
+    grid,
+    group_rows,
+    is_nan,
+    legend_top,
+    mean_of,
+    pyplot,
+    raw_table,
+    setting_key,
+    study_metric,
+    style_axes,
+    value_cell,
+)
 from ..tasks import Task
 from ..threats import Bounds, Box
 from . import robust_benchmark as rb
@@ -63,6 +88,7 @@ from ._common import (
     robust_metric,
 )
 from .base import StudyResult
+from .registry import Int, Number, StudySpec, data_box, one_model, pick_models, register_study, unknown_option
 
 __all__ = ["Corruption", "SUITE", "XU2021", "CORRUPTIONS", "SUITES", "corruption_suite", "corruptions", "noise_baseline",
            "sequence_flips", "relative_flip_probability"]
@@ -411,6 +437,8 @@ def corruptions(
     """
     model = check_task(task).logits_model(check_model(model))  # declared probabilities: logits
     box = Box.coerce(bounds)
+    if box.bounds is not None:
+        box.data_range()  # one data range (per-channel boxes of different widths have none): refused before any work
     corrs = corruption_suite(suite)
     sev = [int(s) for s in severities]
     if any(s < 1 or s > 5 for s in sev) or not sev:
@@ -555,6 +583,9 @@ def noise_baseline(
     named = named_attacks(attacks)
     if not named:
         raise ValueError("`attacks` is empty: the noise baseline matches each attack's examples")
+    for _, atk in named:  # the SSIM needs one data range: a box without one is refused before any work
+        if atk.box.bounds is not None:
+            atk.box.data_range()
     gen = torch.Generator().manual_seed(int(seed))
     cols = ("clean_metric", "adv_metric", "noise_metric", "ssim_adv", "ssim_noise", "l2_adv", "l2_noise", "sigma")
     acc: dict[int, dict[str, list[Tensor]]] = {i: {c: [] for c in cols} for i in range(len(named))}
@@ -601,3 +632,168 @@ def relative_flip_probability(results: Mapping[str, StudyResult]) -> list[dict[s
     ref = next(iter(means.values()), None)
     return [{"model": n, "flip_probability": fp,
              "rfp": fp / ref if fp is not None and ref not in (None, 0.0) else None} for n, fp in means.items()]
+
+
+# --- the report section -------------------------------------------------------------------------------------------
+def _model_table(study: StudyLike) -> Table | None:
+    """Xu et al.'s Table 3: each corruption's flip probability per model, averaged over the severities run, and
+    the mean over the corruptions (``None`` for rows of one model)."""
+    names = list(dict.fromkeys(str(r["model"]) for r in study.rows if r.get("model") is not None))
+    if len(names) < 2:
+        return None
+    groups = group_rows(study.rows, ["corruption", "model"])
+    corrs = list(dict.fromkeys(str(r.get("corruption")) for r in study.rows))
+    cells = [[mean_of(r.get("flip_probability") for r in groups.get((c, m), [])) for m in names] for c in corrs]
+    means = [mean_of(row[j] for row in cells) for j in range(len(names))]
+    body = [[Cell(c), *(value_cell("fp", v) for v in row)] for c, row in zip(corrs, cells, strict=True)]
+    body.append([Cell("mean of all", "headline"), *(Cell(value_cell("fp", v).text, "num headline") for v in means)])
+    # a Table of Cells, not data_table: model names are headers as written, whatever they are
+    return Table([Cell("corruption"), *(Cell(m, title=f"flip probability of {m}") for m in names)], body,
+                 "Flip probability per corruption and model, averaged over the severities run; the last row is the "
+                 "mean over the corruptions (Xu et al., Table 3).")
+
+
+def _draw_corruptions(study: StudyLike, class_names: Sequence[str] | None) -> Section:
+    metric = study_metric(study)
+    ref = study.meta.get("reference") if isinstance(study.meta, Mapping) else None
+    # with several models the curves and the per-corruption table are the reference model's (Table 3 has all)
+    own = [r for r in study.rows if ref is None or r.get("model") in (None, ref)]
+    groups = group_rows(own, ["corruption"])
+    has_flip = any(not is_nan(r.get("flip_probability")) for r in own)
+    fig, axes = grid(1 + has_flip, 2, 5.4, 3.8)
+    clean = mean_of(r.get("metric_clean") for r in own)
+    for i, ((name,), rows) in enumerate(groups.items()):
+        rows = sorted(rows, key=lambda r: float(r["severity"]))
+        # colour, marker and line style all vary, so that 9+ corruptions stay apart
+        severities = [r["severity"] for r in rows]
+        curve(axes[0], severities, [r.get("metric") for r in rows], i, name)
+        if has_flip:
+            curve(axes[1], severities, [r.get("flip_probability") for r in rows], i, name)
+    if not is_nan(clean):
+        axes[0].axhline(clean, color="grey", ls=":", lw=1.2, label="clean")
+    whose = f" ({ref})" if ref is not None else ""
+    style_axes(axes[0], "severity", metric, f"{metric} vs corruption severity{whose}")
+    if has_flip:
+        style_axes(axes[1], "severity", "flip probability", f"flip probability vs severity{whose}")
+        axes[1].set_ylim(bottom=0)
+    for ax in axes:
+        ax.set_xticks(sorted({int(r["severity"]) for r in own}))
+    fig.set_figheight(fig.get_figheight() + 0.25 * math.ceil((len(groups) + 1) / 5))
+    legend_top(fig, axes[0], 5)
+    blocks: list[Any] = [figure_image(fig, "corruption curves: metric and flip probability vs severity")]
+    if has_flip:  # Xu et al. report the FP per type and their mean
+        units = {str(c.get("name")): str(c.get("unit", "")) for c in study.meta.get("suite") or []
+                 if isinstance(c, Mapping)}
+        per = [{"corruption": name, "mean flip probability": mean_of(r.get("flip_probability") for r in rows),
+                f"mean {metric}": mean_of(r.get("metric") for r in rows), "level unit": units.get(str(name), "")}
+               for (name,), rows in groups.items()]
+        per.append({"corruption": "mean of all", "mean flip probability": mean_of(r["mean flip probability"] for r in per),
+                    f"mean {metric}": mean_of(r[f"mean {metric}"] for r in per), "level unit": ""})
+        blocks.append(data_table(per, list(per[0]), "Flip probability and metric averaged over the severities run"
+                                 + (f", model {ref}." if ref is not None else ".")))
+    table3 = _model_table(study)
+    if table3 is not None:
+        blocks.append(table3)
+    rfp = study.meta.get("rfp") if isinstance(study.meta, Mapping) else None
+    if rfp:  # Xu et al.'s Table 4: each model's flip probability relative to the first model's
+        blocks.append(data_table(rfp, ["model", "flip_probability", "rfp"],
+                                 f"Relative flip probability: each model's mean flip probability over every corruption "
+                                 f"and severity, divided by that of {rfp[0]['model']} (Xu et al., Table 4)."))
+    blocks.append(raw_table(study.rows, "all rows of the corruption study"))
+    return Section("study-corruptions", "Common corruptions (Xu et al.)",
+                   "Natural image degradations at five severities. The flip probability is the share of samples "
+                   "whose prediction the corruption changes.", blocks)
+
+
+def _draw_noise_baseline(study: StudyLike, class_names: Sequence[str] | None) -> Section:
+    metric = study_metric(study)
+    rows = study.rows
+    names = [setting_key(r.get("attack"), r.get("budget")) for r in rows]
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(rows) + 2), 3.6))
+    match = str(study.meta.get("match") or "ssim").upper()
+    series = [("clean", [r.get("clean_metric") for r in rows])] if any("clean_metric" in r for r in rows) else []
+    series += [("adversarial", [r.get("adv_metric") for r in rows]),
+               (f"random noise, same {match}", [r.get("noise_metric") for r in rows])]
+    bars(ax, names, series, metric, "adversarial vs matched random noise", None)
+    legend_top(fig, ax)
+    return Section("study-noise-baseline", "Adversarial vs random noise (Paschali)",
+                   f"Random noise scaled to the same image similarity ({escape(match)}) as each adversarial example: the gap "
+                   "shows the damage is specific to the adversarial direction, not to the amount of noise.",
+                   [figure_image(fig, "adversarial vs matched noise bars"),
+                    data_table(rows, list(dict.fromkeys(k for r in rows for k in r)))])
+
+
+# --- the config entry ---------------------------------------------------------------------------------------------
+@register_study("corruptions", draw=_draw_corruptions, single_range=True,
+                check_options={"suite": ["contrast"], "severities": [1], "frames": 2})
+class CorruptionsSpec(StudySpec):
+    """Corruptions at severities 1..5 with the flip probability (Xu et al.). ``suite``: a suite name (``xu2021``
+    / ``robust_benchmark``: the paper's 14 Robust-Benchmark sequences for 2-D images; ``default``: the MONAI
+    MRI/CT corruptions; ``all``) or a list of corruption names. ``bounds``: the data box (default: the attacks'
+    box; ``null``: unbounded). ``models``: also run every named model and give each its mean flip probability
+    relative to ``model``'s (Xu et al.'s RFP, Table 4), in ``meta["rfp"]``; the rows then hold every model's
+    rows with a ``model`` column (``model``'s first; ``meta["reference"]`` names it), and the section shows Xu et
+    al.'s Table 3 (mean flip probability per corruption and model) and Table 4 in one place."""
+
+    study: Literal["corruptions"]
+    models: Annotated[list[str], Field(min_length=1)] | None = None
+    severities: Annotated[list[Annotated[int, Strict(), Field(ge=1, le=5)]], Field(min_length=1)] = [1, 2, 3, 4, 5]
+    suite: Annotated[list[str], Field(min_length=1)] | str | None = None
+    frames: Int = Field(5, ge=2)
+    seed: Int = 0
+    bounds: Annotated[list[Number], Field(min_length=2, max_length=2)] | None = None
+
+    @field_validator("suite")
+    @classmethod
+    def _known(cls, names: list[str] | str | None) -> list[str] | str | None:
+        if isinstance(names, str):
+            if names not in SUITES:
+                c = closest(names, list(SUITES))
+                raise PydanticCustomError("option", "must be a suite ({listed}) or a list of corruptions; got "
+                                          "{given}{hint}", {"listed": ", ".join(repr(k) for k in SUITES),
+                                                            "given": repr(names),
+                                                            "hint": f"; did you mean {c!r}?" if c else "",
+                                                            "field": ""})
+            return names
+        known = [*CORRUPTIONS, *ALIASES]
+        for n in names or []:
+            if n not in known:
+                raise unknown_option(n, known)
+        return names
+
+    def run(self, models: dict[str, nn.Module], task: Task, data: Any, attacks: AttackSpec | None,
+            target_fn: TargetFn | None) -> StudyResult:
+        box = data_box(self, attacks, "corruptions")
+        # unknown names are refused before any model runs
+        chosen = None if self.models is None else pick_models(models, self.models, "models")
+        ref = one_model(models, self)
+        result = corruptions(ref, task, data, bounds=box, severities=self.severities, suite=self.suite,
+                             frames=self.frames, seed=self.seed)
+        if chosen is not None:
+            ref_name = self.model or next(iter(models))
+            others = {n: corruptions(m, task, data, bounds=box, severities=self.severities, suite=self.suite,
+                                     frames=self.frames, seed=self.seed)
+                      for n, m in chosen.items() if n != ref_name}
+            every = {ref_name: result, **others}
+            # one section for Xu et al.'s Table 3 (flip probability per model) and Table 4 (RFP): every model's
+            # rows, tagged with the row contract's multi-model column, the reference model's first
+            result = StudyResult("corruptions", [{"model": n, **row} for n, r in every.items() for row in r.rows],
+                                 {**result.meta, "reference": ref_name, "models": list(every),
+                                  "rfp": relative_flip_probability(every)})
+        return result
+
+
+@register_study("noise_baseline", draw=_draw_noise_baseline, single_range=True)
+class NoiseBaselineSpec(StudySpec):
+    """Noise matched per example in SSIM (or L2) to each attack's examples (Paschali et al.)."""
+
+    study: Literal["noise_baseline"]
+    match: Literal["ssim", "l2"] = "ssim"
+    noise: Literal["gaussian", "rician"] = "gaussian"
+    seed: Int = 0
+
+    def run(self, models: dict[str, nn.Module], task: Task, data: Any, attacks: AttackSpec | None,
+            target_fn: TargetFn | None) -> StudyResult:
+        return noise_baseline(one_model(models, self), task, data, attacks if attacks is not None else {}, match=self.match,
+                              noise=self.noise, seed=self.seed, target_fn=target_fn)

@@ -24,29 +24,27 @@ shuffling: shuffle the data first if it is ordered by class). The training split
 from __future__ import annotations
 
 import copy
-import inspect
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import Field, Strict, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 from torch import Tensor, nn
 
-from ..config_schema import Budget, DataSection, parse_budget
-from ..params import InvalidParameterError, closest
-from ..report.html import (
+from ..config_schema import Budget, DataSection
+from ..defenses.strategies import NONE, build_strategy, label_of, normalize_entry, strategy_classes
+from ..report.blocks import (
     Bullets,
     Section,
     StudyLike,
-    _bars,
-    _key,
-    _legend_top,
-    _plt,
-    _study_metric,
-    _table,
+    bars,
+    data_table,
     figure_image,
-    study_section,
+    legend_top,
+    pyplot,
+    setting_key,
+    study_metric,
 )
 from ..runtime import model_device
 from ..tasks import Task
@@ -66,150 +64,9 @@ from ._common import (
     split_train_eval,
 )
 from .base import StudyResult
-from .schema import StudySpec, _box, _one, register_study
-
-if TYPE_CHECKING:
-    from ..defenses.base import TrainingStrategy
+from .registry import StudySpec, data_box, one_model, register_study
 
 __all__ = ["defenses", "strategy_classes", "build_strategy", "DefensesSpec", "split_train_eval", "gather"]
-
-#: the strategy name for plain (clean) training with the same recipe
-NONE = "none"
-#: keys of a strategy entry that belong to the study, not to the strategy's constructor
-_STUDY_KEYS = ("name", "id", "epochs", "lr", "eps")
-
-
-# --- the strategies ---------------------------------------------------------------------------------------------
-def strategy_classes() -> dict[str, type[TrainingStrategy]]:
-    """``{name: TrainingStrategy subclass}`` of every concrete strategy defined so far (``medadv.defenses``
-    imported first), read from the class hierarchy: a subclass that sets its own ``name`` is a strategy of that
-    name (medadv's own class wins a name clash)."""
-    from .. import defenses as _defenses  # noqa: F401  (defines the built-in strategies)
-    from ..defenses.base import TrainingStrategy
-
-    out: dict[str, type[TrainingStrategy]] = {}
-    todo: list[type[TrainingStrategy]] = list(TrainingStrategy.__subclasses__())
-    while todo:
-        cls = todo.pop(0)
-        todo.extend(cls.__subclasses__())
-        name = cls.__dict__.get("name")
-        if not isinstance(name, str) or name in ("strategy", NONE) or inspect.isabstract(cls):
-            continue
-        if name in out and out[name].__module__.startswith("medadv.") and not cls.__module__.startswith("medadv."):
-            continue
-        out[name] = cls
-    return out
-
-
-def _required(cls: type) -> list[str]:
-    """Constructor arguments of a strategy without a default that the study does not supply."""
-    sig = inspect.signature(cls.__init__)  # type: ignore[misc]
-    return [n for n, p in sig.parameters.items()
-            if n != "self" and p.default is inspect.Parameter.empty
-            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and n not in getattr(cls, "positional", ())]
-
-
-def normalize_entry(entry: Any, known: Mapping[str, type[TrainingStrategy]] | None = None) -> dict[str, Any]:
-    """A ``strategies`` entry (a name, or a mapping with ``name`` and options) as a checked mapping.
-
-    Raises ``ValueError`` naming the entry's mistake (unknown name or parameter, a missing required one)."""
-    known = strategy_classes() if known is None else known
-    if isinstance(entry, str):
-        entry = {"name": entry}
-    if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
-        raise ValueError(f"a strategy is a name or a mapping with `name:`; got {entry!r}")
-    out = dict(entry)
-    name = out["name"]
-    names = [NONE, *known]
-    if name not in names:
-        c = closest(name, names)
-        raise ValueError(f"unknown strategy {name!r}{f'; did you mean {c!r}?' if c else ''} "
-                         f"(strategies: {', '.join(names)})")
-    if "id" in out and (not isinstance(out["id"], str) or not out["id"]):
-        raise ValueError(f"`id` of strategy {name!r} must be non-empty text; got {out['id']!r}")
-    if "epochs" in out and (isinstance(out["epochs"], bool) or not isinstance(out["epochs"], int)
-                            or out["epochs"] < 0):
-        raise ValueError(f"`epochs` of strategy {name!r} must be an integer >= 0; got {out['epochs']!r}")
-    if "eps" in out:
-        try:
-            out["eps"] = parse_budget(out["eps"])  # a number or a fraction such as 4/255, in data units
-        except PydanticCustomError:
-            raise ValueError(f"`eps` of strategy {name!r} must be a number >= 0 or a fraction such as 4/255; got "
-                             f"{out['eps']!r}") from None
-    v = out.get("lr")
-    if "lr" in out and (isinstance(v, bool) or not isinstance(v, int | float) or not v > 0):
-        raise ValueError(f"`lr` of strategy {name!r} must be a number > 0; got {v!r}")
-    params = {k: v for k, v in out.items() if k not in _STUDY_KEYS}
-    if name == NONE:
-        if params or "eps" in out:
-            extra = sorted(params) + (["eps"] if "eps" in out else [])
-            raise ValueError(f"strategy 'none' (clean training) takes only `epochs`, `lr` and `id`; got {extra}")
-        return out
-    cls = known[name]
-    try:
-        cls.check_kwargs(params, what=f"strategy {name!r}")
-    except InvalidParameterError as e:
-        raise ValueError(str(e)) from None
-    missing = [n for n in _required(cls) if n not in params]
-    if missing:
-        raise ValueError(f"strategy {name!r} needs {', '.join(f'`{m}`' for m in missing)} (e.g. "
-                         f"{{name: {name}, {missing[0]}: ...}})")
-    if "eps" in out and "threat" not in getattr(cls, "positional", ()):
-        raise ValueError(f"`eps` of strategy {name!r}: it takes no threat model (only strategies with a fixed ball, "
-                         "such as pgd_at, maadvt, trades, take a training ε)")
-    return out
-
-
-def label_of(entry: Mapping[str, Any]) -> str:
-    """The row label of a strategy entry: its ``id``, else its name."""
-    return str(entry.get("id") or entry["name"])
-
-
-def build_strategy(entry: Mapping[str, Any], *, threat: Threat | None, box: Box | None) -> TrainingStrategy | None:
-    """The :class:`~medadv.defenses.base.TrainingStrategy` of a (normalised) entry; ``None`` for ``none``.
-
-    Args:
-        entry: ``{name, ...its parameters}`` (see :func:`normalize_entry`); ``eps`` (data units) replaces the
-            ε of ``threat`` for this strategy.
-        threat: the training ball of strategies with a ``threat`` argument (PGD-AT, MAAdvT, TRADES).
-        box: the data box of strategies with a ``box`` argument (MPAdvT; VAFT's default attack).
-    """
-    entry = normalize_entry(entry)
-    name = entry["name"]
-    if name == NONE:
-        return None
-    cls = strategy_classes()[name]
-    params = {k: v for k, v in entry.items() if k not in _STUDY_KEYS}
-    args: list[Any] = []
-    for p in getattr(cls, "positional", ()):
-        if p == "threat":
-            if threat is None and "eps" not in entry:
-                raise ValueError(f"strategy {name!r} trains in an ε-ball: give `eps:` (data units) in the study or the "
-                                 "entry, or an ε-ball attack whose threat model it takes")
-            if "eps" in entry:
-                kind = type(threat) if threat is not None else Linf
-                t_box = threat.box if threat is not None else box
-                if t_box is None:
-                    raise ValueError(f"strategy {name!r} needs the data box: give `bounds: [lo, hi]`")
-                threat = kind(float(entry["eps"]), bounds=t_box)
-            args.append(threat)
-        elif p == "box":
-            if box is None:
-                raise ValueError(f"strategy {name!r} needs the data box: give `bounds: [lo, hi]`, or attacks whose "
-                                 "box it takes")
-            args.append(box)
-        else:
-            raise ValueError(f"strategy {name!r} takes a `{p}` argument the defenses study cannot build; train it "
-                             "with medadv.defenses.AdversarialTrainer directly")
-    if "box" in cls.param_names() and "box" not in params and "box" not in cls.positional:
-        if box is None:
-            raise ValueError(f"strategy {name!r} needs the data box: give `bounds: [lo, hi]`")
-        params["box"] = box
-    try:
-        return cls(*args, **params)
-    except (InvalidParameterError, TypeError) as e:
-        raise ValueError(f"strategy {label_of(entry)!r}: {e}") from None
-
 
 # --- data -------------------------------------------------------------------------------------------------------
 # --- the model copies -------------------------------------------------------------------------------------------
@@ -245,13 +102,18 @@ def _train(net: nn.Module, task: Task, strategy: Any, x: Tensor, y: Tensor, *, e
 
     if epochs == 0:
         return []
-    if strategy is None:
-        fitter: Any = SupervisedFitter(net, task, torch.optim.Adam(net.parameters(), lr=lr), epochs=epochs,
-                                       batch_size=batch_size, seed=seed, desc="train[none]")
-        history = fitter.run(x, y, model_device(net, x.device))
-    else:
-        history = AdversarialTrainer(net, task, strategy, epochs=epochs, batch_size=batch_size, lr=lr,
-                                     seed=seed).fit(x, y)
+    dev = model_device(net, x.device)
+    # dropout and other draws of the training come from the global RNG: forked and seeded, so the same seed gives
+    # the same copy (and the same rows) and the caller's random stream is not advanced
+    with torch.random.fork_rng(devices=[dev.index or 0] if dev.type == "cuda" else []):
+        torch.manual_seed(int(seed))
+        if strategy is None:
+            fitter: Any = SupervisedFitter(net, task, torch.optim.Adam(net.parameters(), lr=lr), epochs=epochs,
+                                           batch_size=batch_size, seed=seed, desc="train[none]")
+            history = fitter.run(x, y, dev)
+        else:
+            history = AdversarialTrainer(net, task, strategy, epochs=epochs, batch_size=batch_size, lr=lr,
+                                         seed=seed).fit(x, y)
     net.eval()
     return [float(h) for h in history]
 
@@ -365,12 +227,42 @@ def defenses(
     return StudyResult("defenses", rows, meta)
 
 
+# --- the report section -----------------------------------------------------------------------------------------
+def _draw_defenses(study: StudyLike, class_names: Sequence[str] | None) -> Section:
+    metric = study_metric(study)
+    rows = study.rows
+    strategies = list(dict.fromkeys(str(r["strategy"]) for r in rows))
+    settings = list(dict.fromkeys((r.get("attack"), r.get("budget")) for r in rows))
+    by = {(str(r["strategy"]), r.get("attack"), r.get("budget")): r for r in rows}
+    clean = [next((r.get("clean") for r in rows if str(r["strategy"]) == s), None) for s in strategies]
+    series: list[tuple[str, Sequence[Any]]] = [("clean", clean)]
+    for s in settings:
+        series.append((setting_key(*s), [by.get((st, *s), {}).get("adv") for st in strategies]))
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(max(5.5, 0.9 * len(strategies) * len(series) / 2 + 2.5), 3.8))
+    bars(ax, strategies, series, metric, "training strategy: clean vs attacked", None)
+    legend_top(fig, ax, 4)
+    meta = study.meta
+    train = meta.get("train")
+    intro = (f"One copy of the model per training strategy ({'fine-tuned from the given weights' if meta.get('init') == 'copy' else 'trained from scratch'}, "
+             f"{meta.get('epochs')} epochs, Adam lr {meta.get('lr')}; training data: {train}), each attacked "
+             f"white-box: {metric} clean and under every attack (Xu et al. 2021, Table 5). <code>none</code> is "
+             "clean training with the same recipe.")
+    blocks: list[Any] = []
+    if meta.get("notes"):
+        blocks.append(Bullets([str(n) for n in meta["notes"]], "warn"))
+    blocks += [figure_image(fig, "clean and attacked metric per training strategy"),
+               data_table(rows, list(dict.fromkeys(k for r in rows for k in r)))]
+    return Section("study-defenses", f"Defenses (Xu et al. Table 5) · {metric}", intro, blocks)
+
+
 # --- the config entry -------------------------------------------------------------------------------------------
 Int = Annotated[int, Strict()]
 Number = Annotated[float, Strict()]
 
 
-@register_study("defenses")
+@register_study("defenses", draw=_draw_defenses,
+                check_options={"strategies": [{"name": "none", "epochs": 1}], "epochs": 1})
 class DefensesSpec(StudySpec):
     """Training strategies compared under the config's attacks (Xu et al. 2021, Table 5): :func:`defenses`.
 
@@ -421,39 +313,9 @@ class DefensesSpec(StudySpec):
         train_data = None
         if self.train is not None:
             train_data = self.load(self.train, task, batch_size=self.batch_size, seed=self.seed)
-        box = _box(self, attacks, "defenses", required=False)
-        return defenses(_one(models, self), task, data, attacks if attacks is not None else {},
+        box = data_box(self, attacks, "defenses", required=False)
+        return defenses(one_model(models, self), task, data, attacks if attacks is not None else {},
                         strategies=self.strategies, train_data=train_data, train_split=self.train_split,
                         init=self.init, epochs=self.epochs, lr=self.lr, batch_size=self.batch_size, eps=self.eps,
                         bounds=box if box is None or isinstance(box, Box) else (box[0], box[1]), seed=self.seed,
                         target_fn=target_fn)
-
-
-# --- the report section -----------------------------------------------------------------------------------------
-@study_section("defenses")
-def _study_defenses(study: StudyLike, class_names: Sequence[str] | None) -> Section:
-    metric = _study_metric(study)
-    rows = study.rows
-    strategies = list(dict.fromkeys(str(r["strategy"]) for r in rows))
-    settings = list(dict.fromkeys((r.get("attack"), r.get("budget")) for r in rows))
-    by = {(str(r["strategy"]), r.get("attack"), r.get("budget")): r for r in rows}
-    clean = [next((r.get("clean") for r in rows if str(r["strategy"]) == s), None) for s in strategies]
-    series: list[tuple[str, Sequence[Any]]] = [("clean", clean)]
-    for s in settings:
-        series.append((_key(*s), [by.get((st, *s), {}).get("adv") for st in strategies]))
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(max(5.5, 0.9 * len(strategies) * len(series) / 2 + 2.5), 3.8))
-    _bars(ax, strategies, series, metric, "training strategy: clean vs attacked", None)
-    _legend_top(fig, ax, 4)
-    meta = study.meta
-    train = meta.get("train")
-    intro = (f"One copy of the model per training strategy ({'fine-tuned from the given weights' if meta.get('init') == 'copy' else 'trained from scratch'}, "
-             f"{meta.get('epochs')} epochs, Adam lr {meta.get('lr')}; training data: {train}), each attacked "
-             f"white-box: {metric} clean and under every attack (Xu et al. 2021, Table 5). <code>none</code> is "
-             "clean training with the same recipe.")
-    blocks: list[Any] = []
-    if meta.get("notes"):
-        blocks.append(Bullets([str(n) for n in meta["notes"]], "warn"))
-    blocks += [figure_image(fig, "clean and attacked metric per training strategy"),
-               _table(rows, list(dict.fromkeys(k for r in rows for k in r)))]
-    return Section("study-defenses", f"Defenses (Xu et al. Table 5) · {metric}", intro, blocks)

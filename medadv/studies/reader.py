@@ -49,14 +49,21 @@ from torch import Tensor, nn
 from ..attacks.base import Attack
 from ..explain import Explanation, get_explanation
 from ..explain.base import ClassScores
+from ..report.blocks import Section, StudyLike, raw_table
 from ..tasks import Task
 from ._common import AttackSpec, TargetFn, attacked_batches, check_model, check_task, key, named_attacks
 from .base import StudyResult
-from .schema import StudySpec, _one, register_study
+from .registry import StudySpec, one_model, register_study
 
 __all__ = ["reader_study", "export_reader_study", "score_reader_study", "ReaderStudySpec", "SIDES"]
 
 SIDES = ("left", "right")
+
+
+def _images_only(x: Tensor) -> None:
+    """Refuse a batch that is not 2-D images (the readers see PNGs), before anything runs on it."""
+    if x.ndim != 4:
+        raise ValueError(f"the reader study shows 2-D images (N, C, H, W); got a batch of shape {tuple(x.shape)}")
 
 
 # --- building the pairs ---------------------------------------------------------------------------------------------
@@ -147,10 +154,7 @@ def reader_study(
         raise ValueError("the reader study needs at least one attack (its pairs are clean vs attacked)")
     found: list[dict[str, Any]] = []
     offset = 0
-    for batch in attacked_batches(model, task, data, named, target_fn):
-        if batch.x.ndim != 4:
-            raise ValueError(f"the reader study shows 2-D images (N, C, H, W); got a batch of shape "
-                             f"{tuple(batch.x.shape)}")
+    for batch in attacked_batches(model, task, data, named, target_fn, check=_images_only):
         for att in batch.attacked:
             x_adv = att.result.x_adv
             if expl is not None:
@@ -361,8 +365,21 @@ def score_reader_study(answers: Any, key: Any) -> dict[str, Any]:
     return out
 
 
+# --- report section -------------------------------------------------------------------------------------------------
+def _draw_reader_study(study: StudyLike, class_names: Sequence[str] | None) -> Section:
+    meta = study.meta if isinstance(study.meta, Mapping) else {}
+    shown = "explanation maps" if meta.get("show") == "map" else "images"
+    intro = (f"{len(study.rows)} pairs of clean and adversarial {shown} for a two-alternative forced-choice "
+             "reading (Zhang et al.), order randomised with seed "
+             f"{meta.get('seed')}. Write the readers' folder with medadv.studies.reader.export_reader_study "
+             "and score the filled answer sheet with score_reader_study (exact binomial test against chance). "
+             "The table below is the key: do not show it to the readers.")
+    return Section("study-reader", "Reader study (2AFC)", intro,
+                   [raw_table(study.rows, "pairs and key (adversarial side)")])
+
+
 # --- config entry ---------------------------------------------------------------------------------------------------
-@register_study("reader_study")
+@register_study("reader_study", draw=_draw_reader_study, spatial_dims=(2,), check_options={"pairs": 2})
 class ReaderStudySpec(StudySpec):
     """A 2AFC reader study (Zhang et al.): ``pairs`` randomised (clean, adversarial) pairs of images (``show:
     image``) or of one explanation's maps (``show: map``, ``explanation:``); ``attack`` picks one attack of the
@@ -379,26 +396,6 @@ class ReaderStudySpec(StudySpec):
 
     def run(self, models: dict[str, nn.Module], task: Task, data: Any, attacks: AttackSpec | None,
             target_fn: TargetFn | None) -> StudyResult:
-        return reader_study(_one(models, self), task, data, attacks if attacks is not None else {}, pairs=self.pairs,
+        return reader_study(one_model(models, self), task, data, attacks if attacks is not None else {}, pairs=self.pairs,
                             seed=self.seed, show=self.show, explanation=self.explanation, label=self.label,
                             attack=self.attack, target_fn=target_fn)
-
-
-# --- report section -------------------------------------------------------------------------------------------------
-def _register_report_section() -> None:
-    from ..report.html import Section, _plain_table, study_section
-
-    @study_section("reader_study")
-    def _draw(study: Any, class_names: Sequence[str] | None) -> Section:
-        meta = study.meta if isinstance(study.meta, Mapping) else {}
-        shown = "explanation maps" if meta.get("show") == "map" else "images"
-        intro = (f"{len(study.rows)} pairs of clean and adversarial {shown} for a two-alternative forced-choice "
-                 "reading (Zhang et al.), order randomised with seed "
-                 f"{meta.get('seed')}. Write the readers' folder with medadv.studies.reader.export_reader_study "
-                 "and score the filled answer sheet with score_reader_study (exact binomial test against chance). "
-                 "The table below is the key: do not show it to the readers.")
-        return Section("study-reader", "Reader study (2AFC)", intro,
-                       [_plain_table(study.rows, "pairs and key (adversarial side)")])
-
-
-_register_report_section()

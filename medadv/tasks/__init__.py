@@ -10,15 +10,24 @@ task kind          logits                    ``y``                      element 
 =================  ========================  =========================  ======================
 
 :func:`available_tasks` lists every registered kind (``medadv tasks`` shows them); a kind is a :class:`Task`
-subclass decorated with :func:`register_task` (see :mod:`medadv.tasks.base` for what it declares).
+subclass decorated with :func:`register_task`; what it declares is grouped by consumer in ``Task.traits``
+(:class:`TaskTraits`: outputs, labels, metrics, attacks, report, certify, toolkits; see :mod:`medadv.tasks.base`).
 """
 
 from __future__ import annotations
 
 from .base import (
+    AttackTraits,
+    CertifyTraits,
+    LabelTraits,
+    MetricTraits,
     Outcome,
+    OutputTraits,
+    ReportTraits,
     Task,
     TaskExample,
+    TaskTraits,
+    ToolkitTraits,
     available_tasks,
     get_task,
     headline_columns,
@@ -42,4 +51,7 @@ from .promptable import PromptableSegmentation
 __all__ = ["Task", "Outcome", "TaskExample", "MultiClass", "MultiLabel", "Segmentation", "Regression",
            "PromptableSegmentation", "register_task",
            "task_class", "get_task", "available_tasks", "registered_task_classes", "task_family",
-           "headline_columns", "lower_is_better", "robust_metric_columns"]
+           "headline_columns", "lower_is_better", "robust_metric_columns",
+           # the trait groups a kind declares (Task.traits)
+           "TaskTraits", "OutputTraits", "LabelTraits", "MetricTraits", "AttackTraits", "ReportTraits",
+           "CertifyTraits", "ToolkitTraits"]

@@ -7,9 +7,32 @@ never special-case a task: CosPGD and SegPGD are weightings of :meth:`Task.eleme
 14-label chest X-ray classifier (per label) and a 3-D organ segmenter (per voxel).
 
 A task *kind* is the one extension point: the class declares what evaluation, data loading, the report, the
-studies, ``auto``, the config and the toolkit adapters ask of it (class attributes and hooks with defaults, below),
-and :func:`register_task` makes it a name (``get_task("segmentation", num_classes=4)``, ``task: {type: ...}`` in a
-config, ``medadv tasks``). Nothing outside :mod:`medadv.tasks` tests for a task class.
+studies, ``auto``, certification, the config and the toolkit adapters ask of it, and :func:`register_task` makes it
+a name (``get_task("segmentation", num_classes=4)``, ``task: {type: ...}`` in a config, ``medadv tasks``). Nothing
+outside :mod:`medadv.tasks` names a task class: a consumer reads a declaration, or builds a kind by name.
+
+The declarations are grouped by consumer in :attr:`Task.traits` (a :class:`TaskTraits`), the way scikit-learn groups
+its estimator tags; each group is a small frozen dataclass whose fields say which consumer reads them:
+
+* ``traits.outputs`` (:class:`OutputTraits`): class scores, logits, exclusive classes — the probability checks and
+  the attacks built on class distributions;
+* ``traits.labels`` (:class:`LabelTraits`): the label form and whether labels lie on the input grid — the file data
+  sources, the toolkit adapters, spatial transforms;
+* ``traits.metrics`` (:class:`MetricTraits`): the headline column, the robust metric and its column and floor,
+  ``auto``'s selection metrics, the masking tolerance, per-class Dice — reports, ``auto``, masking, ASR, certified Dice;
+* ``traits.attacks`` (:class:`AttackTraits`): ``auto``'s members, versions and runner, the saliency flip —
+  ``auto``, ``medadv attacks``, the saliency attacks;
+* ``traits.report`` (:class:`ReportTraits`): title, shapes, case view, class-wise view, scatter columns — ``medadv
+  tasks``, report cases, studies, the HTML report;
+* ``traits.certify`` (:class:`CertifyTraits`): the randomized-smoothing family — :mod:`medadv.certify`;
+* ``traits.toolkits`` (:class:`ToolkitTraits`): the adapters that take the kind and its support-matrix columns —
+  :mod:`adapters`.
+
+A kind declares what differs from its parent: ``traits = Task.traits.but(metrics={"headline": "mae"})``. The flat
+names of before (``Task.headline``, ``Task.label_source`` ... :data:`FLAT_TRAITS`) read the groups, on the class and
+on instances, and flat class attributes in a kind's body are folded into its groups when the class is defined. The
+behaviour hooks (:meth:`Task.support_column`, :meth:`Task.config_schema`, :meth:`Task.sample_group` ...) are methods
+with defaults, below.
 """
 
 from __future__ import annotations
@@ -19,7 +42,7 @@ import inspect
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import torch
@@ -29,7 +52,8 @@ from torch import Tensor, nn
 from ..params import InvalidParameterError, closest
 from ..runtime import all_finite
 
-__all__ = ["Task", "Outcome", "LogitsOfProbabilities", "OUTPUT_KINDS", "ProbabilityEvidence", "TaskExample",
+__all__ = ["Task", "TaskTraits", "OutputTraits", "LabelTraits", "MetricTraits", "AttackTraits", "ReportTraits",
+           "CertifyTraits", "ToolkitTraits", "FLAT_TRAITS", "TOOLKITS", "Outcome", "LogitsOfProbabilities", "OUTPUT_KINDS", "ProbabilityEvidence", "TaskExample",
            "register_task", "task_class", "get_task", "available_tasks", "registered_task_classes", "task_family",
            "tiny_net", "robust_metric_columns", "headline_columns", "lower_is_better"]
 
@@ -87,59 +111,275 @@ PROBABILITY_ATOL = 1e-3
 PROBABILITY_MIN_VALUES = 8
 
 
+# --- the trait groups: what the rest of medadv reads from a task kind -------------------------------------------------
+# Grouped the way scikit-learn groups its estimator tags: one small frozen dataclass per consumer family, so a kind's
+# declarations read as "what its outputs are", "what its labels are", "how it is scored" ... and a new consumer adds
+# one field to one group (with its default) instead of another loose class attribute.
+@dataclass(frozen=True)
+class OutputTraits:
+    """What the model's outputs are (``Task.traits.outputs``).
+
+    Attributes:
+        class_scores: the outputs are class scores, so :meth:`Task.distributions`, :meth:`Task.log_probs`,
+            :meth:`Task.target_cosine` and :meth:`Task.least_likely` apply. Read by the attacks built on class
+            distributions (CosPGD, the relevance attack, APGD's ``js`` / ``cospgd`` losses), which refuse a kind
+            without them before any work (regression: values, not scores).
+        outputs_are_logits: the model returns logits (a loss on probabilities would saturate). Read by
+            :meth:`Task.probability_evidence` and :mod:`medadv.masking`'s probability check.
+        exclusive_classes: one class per element (softmax over dim 1). Read by :meth:`Task.probability_evidence`
+            and :meth:`Task.logits_from_outputs`.
+    """
+
+    class_scores: bool = True
+    outputs_are_logits: bool = True
+    exclusive_classes: bool = False
+
+
+@dataclass(frozen=True)
+class LabelTraits:
+    """What the labels are (``Task.traits.labels``).
+
+    Attributes:
+        label_source: the labels a file data source must give (:mod:`medadv.data.sources`) and the form the
+            toolkit adapters convert labels to (:mod:`adapters`): ``"map"`` (label images), ``"vector"`` (0/1
+            columns), ``"index"`` (one class index per case), ``"values"`` (numbers per case); ``None``: no file
+            source.
+        spatial_labels: labels lie on the input's spatial grid (label maps): a spatial transform of the input must
+            move them too (the data loaders, the defenses' input transforms).
+    """
+
+    label_source: str | None = None
+    spatial_labels: bool = False
+
+
+@dataclass(frozen=True)
+class MetricTraits:
+    """How the kind is scored (``Task.traits.metrics``).
+
+    Attributes:
+        headline: the per-sample column (without ``clean_``/``adv_``) a report and the pytest plugin lead with
+            (:func:`headline_columns`).
+        higher_is_better: whether a larger :attr:`headline` is better (accuracy, Dice) or worse (an error)
+            (:func:`lower_is_better`: reports, plots).
+        robust_metric_name: the name of :meth:`Task.robust_metric` in results tables (``auto``, results).
+        robust_metric_column: the per-sample column of :meth:`Task.robust_metric` (``correct`` for accuracy):
+            :func:`robust_metric_columns`, the results, the masking checks.
+        robust_metric_binary: :meth:`Task.robust_metric` only takes 0 and 1 (stored as ``True``/``False``).
+        metric_floor: the lowest value :meth:`Task.robust_metric` can take (``auto``: a sample there cannot be made
+            worse).
+        tiebreak_column: a finer per-sample column that orders samples with the same robust-metric drop (report
+            cases), or ``None``.
+        selection_metrics: the metrics ``auto`` may keep the worst case by (``auto(metric=...)``): name →
+            :meth:`Task.outcome` column; empty: only :meth:`Task.robust_metric`.
+        unbounded_tolerance: :func:`medadv.masking.check_unbounded`'s default tolerance on the robust metric.
+        class_dice: the kind scores label maps class by class (``num_classes``, ``include_background``,
+            :meth:`dice`, :meth:`safe_labels`, :meth:`one_hot`, ``dice_threshold``, ``target_fraction``): what
+            :func:`medadv.metrics.attack_success.segmentation_asr`, :func:`medadv.certify.certified_dice` and the
+            toolkits' segmentation criteria need.
+    """
+
+    headline: str | None = None
+    higher_is_better: bool = True
+    robust_metric_name: str = "metric"
+    robust_metric_column: str | None = None
+    robust_metric_binary: bool = False
+    metric_floor: float = 0.0
+    tiebreak_column: str | None = None
+    selection_metrics: Mapping[str, str] = field(default_factory=dict)
+    unbounded_tolerance: float = 0.05
+    class_dice: bool = False
+
+
+@dataclass(frozen=True)
+class AttackTraits:
+    """What the attacks ask of the kind (``Task.traits.attacks``).
+
+    Attributes:
+        auto_members: ``auto`` (worst-case ensemble, :mod:`medadv.attacks.auto`): every member this kind accepts, in
+            the standard order; empty: ``auto`` refuses this kind.
+        auto_versions: the members and defaults of each ``auto`` version (``{"standard": {"attacks": (...),
+            "steps": 100, ...}, "fast": {...}}``).
+        auto_runner: ``auto``'s runner: ``"engine"`` (medadv's APGD/Square members) or ``"pyautoattack"`` (the
+            reference code).
+        auto_note: one line on how ``auto`` attacks the kind (``medadv attacks``).
+        flip_targeted: the saliency attacks' targeted flip is defined (drive the prediction to the target);
+            ``False``: the flip changes one chosen label and is untargeted only (multi-label).
+    """
+
+    auto_members: tuple[str, ...] = ()
+    auto_versions: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    auto_runner: str = "engine"
+    auto_note: str = ""
+    flip_targeted: bool = True
+
+
+@dataclass(frozen=True)
+class ReportTraits:
+    """How reports and studies show the kind (``Task.traits.report``).
+
+    Attributes:
+        title: what the kind is, in words (``medadv tasks``, report headings).
+        shapes: the model output and label shapes, in words (``medadv tasks``).
+        case_view: how a report case draws a prediction (:mod:`medadv.report.cases`): ``"classes"`` (one class,
+            score bars), ``"labels"`` (multi-hot, score bars), ``"map"`` (a label map over the image), ``"values"``
+            (numbers); ``None``: image and perturbation only. A case given the kind's registered name as its view
+            draws this view.
+        classwise_view: the class-wise study's breakdown (:mod:`medadv.studies.classwise`): ``"classes"``,
+            ``"labels"``, ``"map"`` or ``None`` (the study refuses this kind).
+        scatter_columns: the per-sample columns the HTML report draws as a clean-vs-attacked scatter (regression:
+            the largest error).
+    """
+
+    title: str = "custom task"
+    shapes: str = ""
+    case_view: str | None = None
+    classwise_view: str | None = None
+    scatter_columns: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CertifyTraits:
+    """What certification asks of the kind (``Task.traits.certify``).
+
+    Attributes:
+        family: the randomized-smoothing family that certifies the kind (:data:`medadv.certify.FAMILIES`):
+            ``"multiclass"`` (Cohen et al.), ``"multilabel"`` (per label, family-wise error control),
+            ``"segmentation"`` (SegCertify, per voxel); ``None``: :class:`~medadv.certify.RandomizedSmoothing`
+            refuses the kind.
+    """
+
+    family: str | None = None
+
+
+@dataclass(frozen=True)
+class ToolkitTraits:
+    """What the third-party toolkit adapters (:mod:`adapters`) ask of the kind (``Task.traits.toolkits``).
+
+    Attributes:
+        adapters: the toolkits whose model wrappers take the kind (``"torchattacks"``, ``"foolbox"``, ``"art"``,
+            ``"robustbench"``); each wrapper refuses another kind before any work. Which of a toolkit's attacks
+            run on the kind is the support tables' business (:meth:`Task.support_column`).
+        support_columns: the kind's columns in the toolkits' support tables (``adapters.support.TASK_KINDS``), each
+            with its title (``{"seg2d": "2-D seg", "seg3d": "3-D seg"}``); empty: no table has a column for the kind,
+            so every toolkit attack is refused on it with the reason.
+    """
+
+    adapters: frozenset[str] = frozenset()
+    support_columns: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TaskTraits:
+    """Every declaration of a task kind, in groups by consumer (:attr:`Task.traits`).
+
+    ``outputs`` (:class:`OutputTraits`), ``labels`` (:class:`LabelTraits`), ``metrics`` (:class:`MetricTraits`),
+    ``attacks`` (:class:`AttackTraits`), ``report`` (:class:`ReportTraits`), ``certify`` (:class:`CertifyTraits`),
+    ``toolkits`` (:class:`ToolkitTraits`). The config schema of a kind is its :meth:`Task.config_schema`.
+    """
+
+    outputs: OutputTraits = OutputTraits()
+    labels: LabelTraits = LabelTraits()
+    metrics: MetricTraits = MetricTraits()
+    attacks: AttackTraits = AttackTraits()
+    report: ReportTraits = ReportTraits()
+    certify: CertifyTraits = CertifyTraits()
+    toolkits: ToolkitTraits = ToolkitTraits()
+
+    def but(self, **groups: Mapping[str, Any]) -> TaskTraits:
+        """These traits with some fields of some groups replaced: ``traits.but(metrics={"headline": "mae"})``.
+        An unknown group or field is refused with one line naming it (a typo would otherwise declare nothing)."""
+        changes: dict[str, Any] = {}
+        for group, values in groups.items():
+            if group not in _GROUPS:
+                c = closest(group, _GROUPS)
+                raise TypeError(f"unknown trait group `{group}`" + (f" — did you mean `{c}`?" if c else "")
+                                + f" (groups: {', '.join(_GROUPS)})")
+            current = getattr(self, group)
+            if not isinstance(values, Mapping):
+                raise TypeError(f"`{group}` must map field names to values, got {type(values).__name__}")
+            known = [f.name for f in fields(current)]
+            for k in values:
+                if k not in known:
+                    c = closest(str(k), known)
+                    raise TypeError(f"unknown trait `{group}.{k}`" + (f" — did you mean `{c}`?" if c else "")
+                                    + f" (fields: {', '.join(known)})")
+            changes[group] = replace(current, **values)
+        return replace(self, **changes)
+
+
+_GROUPS = ("outputs", "labels", "metrics", "attacks", "report", "certify", "toolkits")
+#: the toolkit adapters a kind may declare in :attr:`ToolkitTraits.adapters` (the wrappers of :mod:`adapters`)
+TOOLKITS = ("torchattacks", "foolbox", "art", "robustbench")
+
+#: the flat class-attribute names of before, each ``(group, field)`` of :class:`TaskTraits` it reads
+FLAT_TRAITS: dict[str, tuple[str, str]] = {
+    "class_scores": ("outputs", "class_scores"), "outputs_are_logits": ("outputs", "outputs_are_logits"),
+    "exclusive_classes": ("outputs", "exclusive_classes"),
+    "label_source": ("labels", "label_source"), "spatial_labels": ("labels", "spatial_labels"),
+    "headline": ("metrics", "headline"), "higher_is_better": ("metrics", "higher_is_better"),
+    "robust_metric_name": ("metrics", "robust_metric_name"),
+    "robust_metric_column": ("metrics", "robust_metric_column"),
+    "robust_metric_binary": ("metrics", "robust_metric_binary"), "metric_floor": ("metrics", "metric_floor"),
+    "tiebreak_column": ("metrics", "tiebreak_column"), "selection_metrics": ("metrics", "selection_metrics"),
+    "unbounded_tolerance": ("metrics", "unbounded_tolerance"),
+    "auto_members": ("attacks", "auto_members"), "auto_versions": ("attacks", "auto_versions"),
+    "auto_runner": ("attacks", "auto_runner"), "auto_note": ("attacks", "auto_note"),
+    "flip_targeted": ("attacks", "flip_targeted"),
+    "title": ("report", "title"), "shapes": ("report", "shapes"), "case_view": ("report", "case_view"),
+    "classwise_view": ("report", "classwise_view"), "scatter_columns": ("report", "scatter_columns"),
+}
+
+
+class _FlatTrait:
+    """A flat name of before (``Task.headline``) reading its field of :attr:`Task.traits`, on the class and on
+    instances. A non-data descriptor: an instance attribute of the same name still wins."""
+
+    def __init__(self, group: str, name: str) -> None:
+        self.group, self.name = group, name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        holder: Any = owner if obj is None else obj
+        return getattr(getattr(holder.traits, self.group), self.name)
+
+
 class Task(ABC):
     """Base class of all tasks. Subclasses define the element grid and its loss."""
 
-    # --- what the rest of medadv asks of a task kind (declared here; see "Add a task kind" in the README) --------------
+    # --- what the rest of medadv asks of a task kind: the trait groups (:class:`TaskTraits`) ------------------------
     #: the registry name (``get_task(name)``, a config's ``task.type``); set by :func:`register_task`
     name: ClassVar[str] = "task"
-    #: what the kind is, in words (``medadv tasks``, report headings)
-    title: ClassVar[str] = "custom task"
-    #: the model output and label shapes, in words (``medadv tasks``)
-    shapes: ClassVar[str] = ""
-    #: the per-sample column (without the ``clean_``/``adv_`` prefix) a report and the pytest plugin lead with
-    headline: ClassVar[str | None] = None
-    #: whether a larger :attr:`headline` value is better (accuracy, Dice) or worse (an error)
-    higher_is_better: ClassVar[bool] = True
-    #: the per-sample column of :meth:`robust_metric` (without prefix), e.g. ``correct`` for ``accuracy``
-    robust_metric_column: ClassVar[str | None] = None
-    #: a finer per-sample column that orders samples with the same robust-metric drop (report cases), or ``None``
-    tiebreak_column: ClassVar[str | None] = None
-    #: :meth:`robust_metric` only takes the values 0 and 1 (it is stored as ``True``/``False``)
-    robust_metric_binary: ClassVar[bool] = False
-    #: the labels a file data source must give for this kind: ``"map"`` (label images), ``"vector"`` (0/1 columns),
-    #: ``"index"`` (one class index per case), ``"values"`` (numbers per case); ``None``: no file source
-    label_source: ClassVar[str | None] = None
-    #: the outputs are class scores, so :meth:`distributions`, :meth:`log_probs`, :meth:`target_cosine` and
-    #: :meth:`least_likely` apply; attacks built on class distributions (CosPGD, the relevance attack, APGD's
-    #: ``js`` / ``cospgd`` losses) refuse a kind without them before any work (regression: values, not scores)
-    class_scores: ClassVar[bool] = True
-    #: the model returns logits (a loss on probabilities would saturate): the masking checks look for
-    #: probability-like outputs; ``exclusive_classes``: one class per element (softmax over dim 1)
-    outputs_are_logits: ClassVar[bool] = True
-    exclusive_classes: ClassVar[bool] = False
-    #: labels lie on the input's spatial grid (label maps): a spatial transform of the input must move them too
-    spatial_labels: ClassVar[bool] = False
-    #: how the report draws a prediction: ``"classes"`` (one class, score bars), ``"labels"`` (multi-hot, score bars),
-    #: ``"map"`` (a label map over the image), ``"values"`` (numbers); ``None``: image and perturbation only
-    case_view: ClassVar[str | None] = None
-    #: the class-wise study's breakdown (``medadv.studies.classwise``): ``"classes"``, ``"labels"``, ``"map"``
-    #: or ``None`` (the study refuses this kind)
-    classwise_view: ClassVar[str | None] = None
-    #: ``medadv.masking.check_unbounded``'s default tolerance on the robust metric
-    unbounded_tolerance: ClassVar[float] = 0.05
-    #: ``auto`` (worst-case ensemble): every member this kind accepts, in the standard order, and the members and
-    #: defaults of each version (``{"standard": {"attacks": (...), "steps": 100, ...}, "fast": {...}}``);
-    #: empty: ``auto`` refuses this kind
-    auto_members: ClassVar[tuple[str, ...]] = ()
-    auto_versions: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
-    #: the metrics ``auto`` may keep the worst case by (``auto(metric=...)``): name → :meth:`outcome` column;
-    #: empty: only :meth:`robust_metric`
-    selection_metrics: ClassVar[Mapping[str, str]] = {}
-    #: the per-sample columns the HTML report draws as a clean-vs-attacked scatter (regression: the largest error)
-    scatter_columns: ClassVar[tuple[str, ...]] = ()
-    #: ``auto``'s runner: ``"engine"`` (medadv's APGD/Square members) or ``"pyautoattack"`` (the reference code)
-    auto_runner: ClassVar[str] = "engine"
+    #: every declaration of the kind, in named groups (:class:`TaskTraits`: ``traits.outputs``, ``.labels``,
+    #: ``.metrics``, ``.attacks``, ``.report``, ``.certify``, ``.toolkits``); a kind declares
+    #: ``traits = Parent.traits.but(metrics={"headline": ...}, ...)``. The flat names of before (``headline``,
+    #: ``label_source``, ``case_view`` ...) read these groups; a flat name set in a class body is folded into
+    #: the class's groups when the class is defined (:data:`FLAT_TRAITS`)
+    traits: ClassVar[TaskTraits] = TaskTraits()
+
+    # the flat names (descriptors reading :attr:`traits`, installed below the class; typed here for mypy)
+    title: ClassVar[str]
+    shapes: ClassVar[str]
+    headline: ClassVar[str | None]
+    higher_is_better: ClassVar[bool]
+    robust_metric_column: ClassVar[str | None]
+    tiebreak_column: ClassVar[str | None]
+    robust_metric_binary: ClassVar[bool]
+    label_source: ClassVar[str | None]
+    class_scores: ClassVar[bool]
+    outputs_are_logits: ClassVar[bool]
+    exclusive_classes: ClassVar[bool]
+    spatial_labels: ClassVar[bool]
+    case_view: ClassVar[str | None]
+    classwise_view: ClassVar[str | None]
+    unbounded_tolerance: ClassVar[float]
+    auto_members: ClassVar[tuple[str, ...]]
+    auto_versions: ClassVar[Mapping[str, Mapping[str, Any]]]
+    selection_metrics: ClassVar[Mapping[str, str]]
+    scatter_columns: ClassVar[tuple[str, ...]]
+    auto_runner: ClassVar[str]
+    auto_note: ClassVar[str]
+    flip_targeted: ClassVar[bool]
+    metric_floor: ClassVar[float]
+    robust_metric_name: ClassVar[str]
 
     #: what the model returns: ``"logits"`` (what every loss and prediction reads) or ``"probabilities"`` (a model
     #: ending in a softmax or sigmoid, such as deepbet's softmax ``(N, 2, D, H, W)``): then :meth:`logits_model`
@@ -173,6 +413,18 @@ class Task(ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        # flat declarations in the class body (the style of before, a user's kind) become its trait groups, and
+        # the flat names read the groups again (so a subclass declaring `traits` is not shadowed by them)
+        own = {n: cls.__dict__[n] for n in FLAT_TRAITS
+               if n in cls.__dict__ and not isinstance(cls.__dict__[n], _FlatTrait)}
+        if own:
+            groups: dict[str, dict[str, Any]] = {}
+            for n, v in own.items():
+                g, f = FLAT_TRAITS[n]
+                groups.setdefault(g, {})[f] = v
+            cls.traits = cls.traits.but(**groups)
+            for n in own:
+                delattr(cls, n)
         _DEFINED.append(weakref.ref(cls))  # its declarations (headline) count for reports without registration
 
     # --- probability outputs: the one detection rule and the one conversion -------------------------------------------
@@ -354,11 +606,6 @@ class Task(ABC):
         """Element mask of labels that count (``None``: all count)."""
         return None
 
-    #: the lowest value :meth:`robust_metric` can take (a sample there cannot be made worse)
-    metric_floor: float = 0.0
-    #: the name of :meth:`robust_metric` in results tables
-    robust_metric_name: str = "metric"
-
     def robust_metric(self, logits: Tensor, y: Tensor) -> Tensor:
         """``(N,)`` float: the per-sample metric a worst-case robustness evaluation minimises (``auto``).
 
@@ -519,9 +766,6 @@ class Task(ABC):
                              "order")
 
     # --- saliency attacks: the class a map explains, and flipping the prediction (defaults fit any task) --------------
-    #: a targeted flip is defined (drive the prediction to the target); ``False``: the flip changes one chosen label and
-    #: is untargeted only (multi-label)
-    flip_targeted: ClassVar[bool] = True
 
     def explained_class(self, y: Tensor, scores: Tensor) -> Tensor:
         """``(N,)`` the class or label a saliency map explains when none is chosen, from the labels ``y`` and the
@@ -550,9 +794,9 @@ class Task(ABC):
         The default derives it from ``__init__``'s signature (its type hints and defaults) plus ``type`` and the
         report-only ``class_names``, so a new kind needs nothing more; the built-in kinds declare range checks.
         """
-        from ..config_schema import task_schema_from_signature
+        from ..schema_base import task_schema_from_signature  # pydantic: loaded when a schema is asked for
 
-        return task_schema_from_signature(cls)
+        return task_schema_from_signature(cls, registered=cls.name in _REGISTRY)
 
     @classmethod
     def examples(cls, seed: int = 0) -> list[TaskExample]:
@@ -564,6 +808,10 @@ class Task(ABC):
     def example(cls, seed: int = 0) -> TaskExample:
         """The first of :meth:`examples`."""
         return cls.examples(seed)[0]
+
+
+for _flat, (_group, _field) in FLAT_TRAITS.items():
+    setattr(Task, _flat, _FlatTrait(_group, _field))
 
 
 def _class_margin(logits: Tensor, y: Tensor) -> Tensor:

@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import Tensor
 
+from ..schema_base import OUTPUTS_OPTION, ClassNames, Number, _Section
 from .base import (
     Outcome,
     Task,
@@ -40,6 +42,24 @@ def _index_labels(task: Task, y: Tensor, squeeze_ndim: int) -> Tensor:
     return y
 
 
+# --- the kinds' `task:` config sections (Task.config_schema; re-exported by medadv.config_schema) -----------
+class MultiClassTask(_Section):
+    """The ``task:`` section of a multi-class config (:meth:`MultiClass.config_schema`)."""
+
+    type: Literal["multiclass"]
+    outputs: OUTPUTS_OPTION | None = None  # Task.outputs
+    class_names: ClassNames | None = None  # one per model output, in output order (report only)
+
+
+class MultiLabelTask(_Section):
+    """The ``task:`` section of a multi-label config (:meth:`MultiLabel.config_schema`)."""
+
+    type: Literal["multilabel"]
+    threshold: Number = Field(0.5, gt=0.0, lt=1.0)
+    outputs: OUTPUTS_OPTION | None = None  # Task.outputs
+    class_names: ClassNames | None = None  # one per label, in output order (default: a CSV's label columns)
+
+
 @register_task("multiclass")
 class MultiClass(Task):
     """Single-label classification with softmax cross-entropy.
@@ -49,27 +69,29 @@ class MultiClass(Task):
     """
 
     name = "multiclass"
-    title = "multi-class classification"
-    shapes = "logits (N, K), K >= 2; y (N,) class indices"
-    headline = "correct"
-    robust_metric_column = "correct"
-    robust_metric_binary = True
-    label_source = "index"
-    exclusive_classes = True
-    case_view = "classes"
-    classwise_view = "classes"
-    auto_members = ("apgd-ce", "apgd-t", "fab-t", "square", "apgd-dlr", "fab")
-    auto_versions: ClassVar[Mapping[str, Mapping[str, Any]]] = {
-        "standard": {"attacks": ("apgd-ce", "apgd-t", "fab-t", "square"), "steps": 100, "targets": 9,
-                     "queries": 5000},
-        "fast": {"attacks": ("apgd-ce", "apgd-t", "square"), "steps": 20, "targets": 3, "queries": 500},
-    }
-    auto_runner = "pyautoattack"
-    #: ``medadv tasks --params``: the members' losses by class count (``medadv.attacks.autoattack``)
-    auto_note: ClassVar[str] = (
-        "any K >= 2: APGD-CE; APGD-T and FAB-T try min(targets, K - 1) classes; APGD-T's loss is AutoAttack's "
-        "targeted DLR for K >= 4, DLR normalised by z_pi1 - (z_pi2 + z_pi3)/2 for K = 3, targeted CE for K = 2 "
-        "(where apgd-dlr ascends the logit margin); a single sigmoid logit is the multilabel task with one label")
+    traits = Task.traits.but(
+        outputs={"exclusive_classes": True},
+        labels={"label_source": "index"},
+        metrics={"headline": "correct", "robust_metric_name": "accuracy", "robust_metric_column": "correct",
+                 "robust_metric_binary": True},
+        attacks={"auto_members": ("apgd-ce", "apgd-t", "fab-t", "square", "apgd-dlr", "fab"),
+                 "auto_versions": {
+                     "standard": {"attacks": ("apgd-ce", "apgd-t", "fab-t", "square"), "steps": 100, "targets": 9,
+                                  "queries": 5000},
+                     "fast": {"attacks": ("apgd-ce", "apgd-t", "square"), "steps": 20, "targets": 3, "queries": 500}},
+                 "auto_runner": "pyautoattack",
+                 # ``medadv tasks --params``: the members' losses by class count (``medadv.attacks.autoattack``)
+                 "auto_note": (
+                     "any K >= 2: APGD-CE; APGD-T and FAB-T try min(targets, K - 1) classes; APGD-T's loss is "
+                     "AutoAttack's targeted DLR for K >= 4, DLR normalised by z_pi1 - (z_pi2 + z_pi3)/2 for K = 3, "
+                     "targeted CE for K = 2 (where apgd-dlr ascends the logit margin); a single sigmoid logit is the "
+                     "multilabel task with one label")},
+        report={"title": "multi-class classification", "shapes": "logits (N, K), K >= 2; y (N,) class indices",
+                "case_view": "classes", "classwise_view": "classes"},
+        certify={"family": "multiclass"},
+        toolkits={"adapters": frozenset({"torchattacks", "foolbox", "art", "robustbench"}),
+                  "support_columns": {"multiclass": "multi-class"}},
+    )
 
     def validate_logits(self, logits: Tensor) -> None:
         if logits.ndim != 2 or logits.shape[1] < 2:
@@ -151,8 +173,6 @@ class MultiClass(Task):
     def sample_columns(self, y: Tensor, clean: Outcome, adv: Outcome) -> dict[str, Tensor]:
         return {"label": y, **super().sample_columns(y, clean, adv)}
 
-    robust_metric_name = "accuracy"
-
     def robust_metric(self, logits: Tensor, y: Tensor) -> Tensor:
         return (self.predict(logits) == y).to(torch.float32)
 
@@ -190,8 +210,6 @@ class MultiClass(Task):
 
     @classmethod
     def config_schema(cls) -> type:
-        from ..config_schema import MultiClassTask
-
         return MultiClassTask
 
     @classmethod
@@ -219,27 +237,31 @@ class MultiLabel(Task):
     """
 
     name = "multilabel"
-    title = "multi-label classification"
-    shapes = "logits (N, L); y (N, L) 0/1 (L = 1: a single-logit sigmoid head)"
-    headline = "label_accuracy"
-    robust_metric_column = "exact_match"
-    tiebreak_column = "label_accuracy"
-    robust_metric_binary = True
-    label_source = "vector"
-    case_view = "labels"
-    classwise_view = "labels"
-    auto_members = ("apgd-ce", "apgd-margin", "apgd-flip", "square", "apgd-js", "apgd-cospgd", "apgd-segpgd")
-    auto_versions: ClassVar[Mapping[str, Mapping[str, Any]]] = {
-        "standard": {"attacks": ("apgd-ce", "apgd-margin", "apgd-flip", "square"), "steps": 100, "targets": 3,
-                     "queries": 1000, "square_loss": "min-margin"},
-        "fast": {"attacks": ("apgd-ce", "apgd-margin", "apgd-flip", "square"), "steps": 20, "targets": 1,
-                 "queries": 500, "square_loss": "min-margin"},
-    }
-    #: ``medadv tasks --params``: a single-logit sigmoid head is this kind with one label
-    auto_note: ClassVar[str] = (
-        "one label (a single-logit sigmoid head, output and y (N, 1)): APGD on the BCE, APGD on the signed margin "
-        "(2y - 1)(z - logit(threshold)), APGD flipping the label, Square on that margin; `autoattack` attacks it as "
-        "the 2 classes [logit(threshold), z]")
+    traits = Task.traits.but(
+        labels={"label_source": "vector"},
+        metrics={"headline": "label_accuracy", "robust_metric_name": "exact_match",
+                 "robust_metric_column": "exact_match", "tiebreak_column": "label_accuracy",
+                 "robust_metric_binary": True},
+        attacks={"auto_members": ("apgd-ce", "apgd-margin", "apgd-flip", "square", "apgd-js", "apgd-cospgd",
+                                  "apgd-segpgd"),
+                 "auto_versions": {
+                     "standard": {"attacks": ("apgd-ce", "apgd-margin", "apgd-flip", "square"), "steps": 100,
+                                  "targets": 3, "queries": 1000, "square_loss": "min-margin"},
+                     "fast": {"attacks": ("apgd-ce", "apgd-margin", "apgd-flip", "square"), "steps": 20,
+                              "targets": 1, "queries": 500, "square_loss": "min-margin"}},
+                 # ``medadv tasks --params``: a single-logit sigmoid head is this kind with one label
+                 "auto_note": (
+                     "one label (a single-logit sigmoid head, output and y (N, 1)): APGD on the BCE, APGD on the "
+                     "signed margin (2y - 1)(z - logit(threshold)), APGD flipping the label, Square on that margin; "
+                     "`autoattack` attacks it as the 2 classes [logit(threshold), z]"),
+                 "flip_targeted": False},  # the flip changes the one chosen label
+        report={"title": "multi-label classification",
+                "shapes": "logits (N, L); y (N, L) 0/1 (L = 1: a single-logit sigmoid head)",
+                "case_view": "labels", "classwise_view": "labels"},
+        certify={"family": "multilabel"},
+        toolkits={"adapters": frozenset({"torchattacks", "foolbox", "art"}),
+                  "support_columns": {"multilabel": "multi-label"}},
+    )
 
     def __init__(self, threshold: float = 0.5, outputs: str | None = None) -> None:
         super().__init__(outputs=outputs)  # "probabilities": a model ending in a sigmoid (Task.outputs)
@@ -355,8 +377,6 @@ class MultiLabel(Task):
         flip_rate = (clean.pred != adv.pred).float().mean(dim=1)
         return {"label": y, **super().sample_columns(y, clean, adv), "flip_rate": flip_rate}
 
-    robust_metric_name = "exact_match"
-
     def robust_metric(self, logits: Tensor, y: Tensor) -> Tensor:
         return self.element_correct(logits, y).all(dim=1).to(torch.float32)
 
@@ -427,8 +447,6 @@ class MultiLabel(Task):
     def sample_group(self, y: Tensor, names: Sequence[Any]) -> Any:
         return "+".join(str(names[j]) for j in range(y.shape[0]) if y[j] > 0.5) or "none"
 
-    flip_targeted = False  # the flip changes the one chosen label
-
     def flip_goal(self, y: Tensor, label: Tensor, clean_logits: Tensor | None, targeted: bool) -> Tensor | None:
         return 1.0 - y.gather(1, label[:, None])[:, 0]  # the chosen label, the other way
 
@@ -444,8 +462,6 @@ class MultiLabel(Task):
 
     @classmethod
     def config_schema(cls) -> type:
-        from ..config_schema import MultiLabelTask
-
         return MultiLabelTask
 
     @classmethod

@@ -255,8 +255,15 @@ class PromptableSegmentation(Segmentation):
             box (at random, inwards or outwards), as in SAM's and VISTA3D's box-prompt training.
     """
 
-    title = "promptable segmentation (points / box / class prompts, 2-D / 3-D)"
-    shapes = "x (N, C_image + C_code, *spatial) with the prompt code; logits (N, 2, *spatial); y (N, *spatial) in {0, 1}"
+    traits = Segmentation.traits.but(
+        report={"title": "promptable segmentation (points / box / class prompts, 2-D / 3-D)",
+                "shapes": "x (N, C_image + C_code, *spatial) with the prompt code; logits (N, 2, *spatial); "
+                          "y (N, *spatial) in {0, 1}"},
+        certify={"family": None},  # smoothing would noise the prompt code too: not SegCertify's setting
+        # the adapters take the model (its own support_column), but no toolkit table has a column for it: every
+        # toolkit attack perturbs the prompt code, so each is refused with the reason (support_column)
+        toolkits={"support_columns": {}},
+    )
 
     def __init__(
         self,
@@ -450,15 +457,13 @@ class PromptableSegmentation(Segmentation):
 
     @classmethod
     def config_schema(cls) -> type:
-        from ..config_schema import task_schema_from_signature
-
-        return task_schema_from_signature(cls)
+        return super(Segmentation, cls).config_schema()  # from the signature (Task's default), not Segmentation's
 
     @classmethod
     def examples(cls, seed: int = 0) -> list[TaskExample]:
         """A small untrained promptable 2-D UNet (one click per prompt; a point-heatmap input channel) on a random
         image in [0, 1], and a 3-D one with a box prompt; each ``y`` is a random blob the prompt points into."""
-        from ..models.promptable import PromptableUNet, Prompted
+        from .promptable_nets import PromptableUNet, Prompted
 
         out = []
         for key, ndim, kinds in (("promptable2d", 2, ("points",)), ("promptable3d", 3, ("points", "box"))):

@@ -13,9 +13,6 @@ output is within the tolerance of the target.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -70,33 +67,28 @@ class Regression(Task):
     """
 
     name = "regression"
-    title = "regression (values per sample or dense value maps)"
-    shapes = "outputs (N, K) or (N, K, *spatial); y the same shape, floats in the target's units"
-    headline = "mae"
-    higher_is_better = False
-    robust_metric_column = "closeness"
-    tiebreak_column = "max_error"
-    label_source = "values"
-    outputs_are_logits = False
-    class_scores = False
-    case_view = "values"
-    classwise_view = None
-    #: an L∞ ball as wide as the data range drives the mean closeness below 0.25 (typical error ≥ 3 tolerances)
-    unbounded_tolerance = 0.25
-    #: the report draws these per-sample columns clean vs attacked, one dot per case (the error scatter)
-    scatter_columns: ClassVar[tuple[str, ...]] = ("max_error",)
-    #: ``auto``: APGD on the loss, APGD on the signed error (up and down, on the mean and on each of the ``targets``
-    #: outputs with the largest clean error), Square on the largest error; ``apgd-margin`` on request
-    auto_members = ("apgd-ce", "apgd-signed", "apgd-margin", "square")
-    auto_versions: ClassVar[Mapping[str, Mapping[str, Any]]] = {
-        "standard": {"attacks": ("apgd-ce", "apgd-signed", "square"), "steps": 100, "targets": 3,
-                     "queries": 1000, "square_loss": "min-margin"},
-        "fast": {"attacks": ("apgd-ce", "apgd-signed"), "steps": 20, "targets": 1, "queries": 200,
-                 "square_loss": "min-margin"},
-    }
-
-    metric_floor = 0.0
-    robust_metric_name = "closeness"
+    traits = Task.traits.but(
+        outputs={"outputs_are_logits": False, "class_scores": False},
+        labels={"label_source": "values"},
+        metrics={"headline": "mae", "higher_is_better": False, "robust_metric_name": "closeness",
+                 "robust_metric_column": "closeness", "tiebreak_column": "max_error", "metric_floor": 0.0,
+                 # an L∞ ball as wide as the data range drives the mean closeness below 0.25 (typical error ≥ 3
+                 # tolerances)
+                 "unbounded_tolerance": 0.25},
+        # ``auto``: APGD on the loss, APGD on the signed error (up and down, on the mean and on each of the
+        # ``targets`` outputs with the largest clean error), Square on the largest error; ``apgd-margin`` on request
+        attacks={"auto_members": ("apgd-ce", "apgd-signed", "apgd-margin", "square"),
+                 "auto_versions": {
+                     "standard": {"attacks": ("apgd-ce", "apgd-signed", "square"), "steps": 100, "targets": 3,
+                                  "queries": 1000, "square_loss": "min-margin"},
+                     "fast": {"attacks": ("apgd-ce", "apgd-signed"), "steps": 20, "targets": 1, "queries": 200,
+                              "square_loss": "min-margin"}}},
+        # the report draws the largest error clean vs attacked, one dot per case (the error scatter)
+        report={"title": "regression (values per sample or dense value maps)",
+                "shapes": "outputs (N, K) or (N, K, *spatial); y the same shape, floats in the target's units",
+                "case_view": "values", "classwise_view": None, "scatter_columns": ("max_error",)},
+        toolkits={"adapters": frozenset({"art"})},  # ART's regressor wrapper (adapters.art_regression)
+    )
 
     def __init__(self, loss: str = "mse", tolerance: float = 0.1, relative: bool = False,
                  huber_delta: float = 1.0) -> None:

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field, model_validator
+from pydantic_core import PydanticCustomError
 from torch import Tensor
 
+from ..metrics.segmentation import confusion_counts, dice_from_confusion
 from ..params import Int, Optional, Real
+from ..schema_base import OUTPUTS_OPTION, Bool, ClassNames, Number, _option, _Section
+from ..schema_base import Int as ConfigInt
 from .base import (
     Outcome,
     Task,
@@ -28,6 +33,30 @@ __all__ = ["Segmentation"]
 
 #: the most classes a segmentation task takes (a label map holds int64 values; one-hot maps need far fewer)
 _MAX_CLASSES = 2**31 - 1
+
+
+# --- the kind's `task:` config section (Task.config_schema; re-exported by medadv.config_schema) ------------
+class SegmentationTask(_Section):
+    """The ``task:`` section of a segmentation config (:meth:`Segmentation.config_schema`): range checks and one
+    class name per class."""
+
+    type: Literal["segmentation"]
+    num_classes: ConfigInt = Field(ge=2)
+    include_background: Bool = False
+    ignore_index: ConfigInt | None = None
+    loss: Annotated[str, _option(("ce", "dice", "dicece"))] = "ce"
+    dice_threshold: Number = Field(0.5, ge=0.0, le=1.0)
+    target_fraction: Number = Field(0.99, ge=0.0, le=1.0)
+    squared_pred: Bool = False
+    outputs: OUTPUTS_OPTION | None = None  # Task.outputs
+    class_names: ClassNames | None = None  # num_classes names, background (class 0) first (report only)
+
+    @model_validator(mode="after")
+    def _one_name_per_class(self) -> SegmentationTask:
+        if self.class_names is not None and len(self.class_names) != self.num_classes:
+            raise PydanticCustomError("class_names", "lists {n} `class_names` for num_classes = {k} (one name "
+                                      "per class, background first)", {"n": len(self.class_names), "k": self.num_classes})
+        return self
 
 
 @register_task("segmentation")
@@ -49,32 +78,33 @@ class Segmentation(Task):
     """
 
     name = "segmentation"
-    title = "segmentation (2-D / 3-D)"
-    shapes = "logits (N, C, *spatial); y (N, *spatial) class indices"
-    headline = "mean_dice"
-    robust_metric_column = "mean_dice"
-    tiebreak_column = "pixel_accuracy"
-    label_source = "map"
-    spatial_labels = True
-    exclusive_classes = True
-    case_view = "map"
-    classwise_view = "map"
-    unbounded_tolerance = 0.1
-    selection_metrics: ClassVar[Mapping[str, str]] = {"dice": "mean_dice", "accuracy": "pixel_accuracy",
-                                                       "miou": "miou"}
-    auto_members = ("apgd-ce", "apgd-balanced-ce", "apgd-js", "apgd-cospgd", "apgd-segpgd", "square", "apgd-margin",
-                    "apgd-masked-ce", "apgd-masked-balanced-ce",
-                    # the clinical endpoint (medadv.attacks.losses.VolumeObjective): APGD shrinking or growing class
-                    # 1's soft volume; `version="custom"` only (auto still keeps the worst case by its metric)
-                    "apgd-volume-shrink", "apgd-volume-grow")
-    auto_versions: ClassVar[Mapping[str, Mapping[str, Any]]] = {
-        # selection "worst-of": the mean of Dice, pixel accuracy and mIoU, each metric's worst case recorded; at or
-        # below SEA on all three on the 2-D UNets of benchmarks/auto.md, where Dice alone lost on pixel accuracy
-        "standard": {"attacks": ("apgd-ce", "apgd-balanced-ce", "apgd-js", "apgd-cospgd", "apgd-segpgd", "square"),
-                     "steps": 100, "targets": 1, "queries": 500, "metric": "worst-of"},
-        "fast": {"attacks": ("apgd-ce", "apgd-balanced-ce", "apgd-js", "apgd-segpgd", "square"), "steps": 20,
-                 "targets": 1, "queries": 100, "metric": "worst-of"},
-    }
+    traits = Task.traits.but(
+        outputs={"exclusive_classes": True},
+        labels={"label_source": "map", "spatial_labels": True},
+        metrics={"headline": "mean_dice", "robust_metric_name": "mean_dice", "robust_metric_column": "mean_dice",
+                 "tiebreak_column": "pixel_accuracy", "unbounded_tolerance": 0.1, "class_dice": True,
+                 "selection_metrics": {"dice": "mean_dice", "accuracy": "pixel_accuracy", "miou": "miou"}},
+        attacks={"auto_members": ("apgd-ce", "apgd-balanced-ce", "apgd-js", "apgd-cospgd", "apgd-segpgd", "square",
+                                  "apgd-margin", "apgd-masked-ce", "apgd-masked-balanced-ce",
+                                  # the clinical endpoint (medadv.attacks.losses.VolumeObjective): APGD shrinking or
+                                  # growing class 1's soft volume; `version="custom"` only (auto still keeps the
+                                  # worst case by its metric)
+                                  "apgd-volume-shrink", "apgd-volume-grow"),
+                 "auto_versions": {
+                     # selection "worst-of": the mean of Dice, pixel accuracy and mIoU, each metric's worst case
+                     # recorded; at or below SEA on all three on the 2-D UNets of benchmarks/auto.md, where Dice
+                     # alone lost on pixel accuracy
+                     "standard": {"attacks": ("apgd-ce", "apgd-balanced-ce", "apgd-js", "apgd-cospgd", "apgd-segpgd",
+                                              "square"),
+                                  "steps": 100, "targets": 1, "queries": 500, "metric": "worst-of"},
+                     "fast": {"attacks": ("apgd-ce", "apgd-balanced-ce", "apgd-js", "apgd-segpgd", "square"),
+                              "steps": 20, "targets": 1, "queries": 100, "metric": "worst-of"}}},
+        report={"title": "segmentation (2-D / 3-D)", "shapes": "logits (N, C, *spatial); y (N, *spatial) class indices",
+                "case_view": "map", "classwise_view": "map"},
+        certify={"family": "segmentation"},
+        toolkits={"adapters": frozenset({"torchattacks", "foolbox", "art"}),
+                  "support_columns": {"seg2d": "2-D seg", "seg3d": "3-D seg"}},  # support_column: by spatial dims
+    )
 
     def __init__(
         self,
@@ -216,13 +246,7 @@ class Segmentation(Task):
         One scatter-add over the voxels, no one-hot tensors and no host sync: this runs inside attack
         loops (restart scoring, the active set) and on every result.
         """
-        c = self.num_classes
-        key = (self.safe_labels(y) * c + pred.long()).reshape(y.shape[0], -1)
-        mask = self.valid_mask(y)
-        # integer counts stay exact beyond 2**24 voxels (whole-body CT), where float32 would round
-        weight = torch.ones_like(key) if mask is None else mask.reshape(key.shape).long()
-        counts = torch.zeros(y.shape[0], c * c, dtype=torch.int64, device=key.device)
-        return counts.scatter_add_(1, key, weight).reshape(-1, c, c)
+        return confusion_counts(pred, self.safe_labels(y), self.num_classes, self.valid_mask(y))
 
     def dice(self, pred: Tensor, y: Tensor) -> Tensor:
         """Hard Dice per sample and class ``(N, C)`` over valid voxels; 1 where a class is absent from both.
@@ -233,9 +257,7 @@ class Segmentation(Task):
 
     @staticmethod
     def _dice_from_confusion(conf: Tensor) -> Tensor:
-        inter = conf.diagonal(dim1=1, dim2=2).float()
-        total = (conf.sum(dim=2) + conf.sum(dim=1)).float()
-        return torch.where(total > 0, 2.0 * inter / total.clamp_min(1.0), torch.ones_like(total))
+        return dice_from_confusion(conf)
 
     def mean_dice(self, pred: Tensor, y: Tensor) -> Tensor:
         """``(N,)`` Dice averaged over the counted classes present (in valid voxels) in ``y`` or the prediction.
@@ -406,8 +428,6 @@ class Segmentation(Task):
         ``changed_fraction`` and ``dice_to_clean`` measure the size of the change."""
         return self.dice_to_clean(clean_pred, adv_pred, y) < self.dice_threshold
 
-    robust_metric_name = "mean_dice"
-
     def robust_metric(self, logits: Tensor, y: Tensor) -> Tensor:
         return self.mean_dice(self.predict(logits), y).to(torch.float32)
 
@@ -444,8 +464,6 @@ class Segmentation(Task):
 
     @classmethod
     def config_schema(cls) -> type:
-        from ..config_schema import SegmentationTask
-
         return SegmentationTask
 
     @classmethod

@@ -29,13 +29,15 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-__all__ = ["RobustnessCheck", "baseline_settings", "check_attack", "check_task", "ConformanceError"]
+__all__ = ["RobustnessCheck", "baseline_settings", "check_attack", "check_task", "check_study", "ConformanceError"]
 
-_LAZY = {"check_attack": ".attack_checks", "check_task": ".task_checks", "ConformanceError": "._common"}
+_LAZY = {"check_attack": ".attack_checks", "check_task": ".task_checks", "check_study": ".study_checks",
+         "ConformanceError": "._common"}
 
 if TYPE_CHECKING:
     from ._common import ConformanceError
     from .attack_checks import check_attack
+    from .study_checks import check_study
     from .task_checks import check_task
 
 

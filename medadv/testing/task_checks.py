@@ -3,7 +3,7 @@
 The checks run on the kind's :meth:`~medadv.tasks.Task.examples` (a small model with a batch each) and read only
 what :class:`~medadv.tasks.Task` declares, so a kind defined outside medadv is checked like the built-in ones.
 
-Properties (the names in a :class:`~medadv.testing.ConformanceError`): ``examples``, ``validate``, ``loss``,
+Properties (the names in a :class:`~medadv.testing.ConformanceError`): ``examples``, ``traits``, ``validate``, ``loss``,
 ``outcome``, ``sample columns``, ``robust metric``, ``decide``, ``outcome of a prediction``, ``labels``,
 ``determinism``, ``collation``, ``config round trip``, ``report case``, ``evaluate``.
 """
@@ -143,6 +143,40 @@ def _outcome(c: _Ctx) -> Outcome:
 
 def _check_outcome(c: _Ctx) -> None:
     _outcome(c)
+
+
+def _traits(c: _Ctx) -> None:
+    """The kind's trait groups hold values their consumers accept (each consumer reads them without checking)."""
+    from ..certify.smoothing import FAMILIES
+    from ..data.sources import LABEL_SOURCES
+    from ..report.cases import CASE_VIEWS
+    from ..tasks.base import TOOLKITS, TaskTraits
+
+    tr = c.task.traits
+    if not isinstance(tr, TaskTraits):
+        raise _Fail(f"`traits` must be a TaskTraits (Task.traits.but(...)), got {type(tr).__name__}")
+    allowed: list[tuple[str, Any, tuple[Any, ...]]] = [
+        ("labels.label_source", tr.labels.label_source, (None, *LABEL_SOURCES)),
+        ("report.case_view", tr.report.case_view, (None, *(v for v in CASE_VIEWS if v != "image"))),
+        ("report.classwise_view", tr.report.classwise_view, (None, "classes", "labels", "map")),
+        ("certify.family", tr.certify.family, (None, *FAMILIES)),
+        ("attacks.auto_runner", tr.attacks.auto_runner, ("engine", "pyautoattack")),
+    ]
+    for where, value, options in allowed:
+        if value not in options:
+            raise _Fail(f"traits.{where} is {value!r}, not one of {', '.join(map(repr, options))}")
+    unknown = set(tr.toolkits.adapters) - set(TOOLKITS)
+    if unknown:
+        raise _Fail(f"traits.toolkits.adapters names {sorted(unknown)}, not adapters ({', '.join(TOOLKITS)})")
+    for version, spec in tr.attacks.auto_versions.items():
+        extra = set(spec.get("attacks", ())) - set(tr.attacks.auto_members)
+        if extra:
+            raise _Fail(f"traits.attacks.auto_versions[{version!r}] runs {sorted(extra)}, not in auto_members")
+    if tr.metrics.class_dice:  # what segmentation_asr, certified_dice and the toolkits' criteria read
+        missing = [a for a in ("num_classes", "include_background", "dice", "safe_labels", "one_hot",
+                               "dice_threshold", "target_fraction") if not hasattr(c.task, a)]
+        if missing:
+            raise _Fail(f"traits.metrics.class_dice is declared, but the task has no {', '.join(missing)}")
 
 
 def _sample_columns(c: _Ctx) -> None:
@@ -343,6 +377,7 @@ def _evaluate(c: _Ctx) -> None:
 
 #: the properties, in the order they run
 TASK_PROPERTIES: dict[str, Callable[[_Ctx], None]] = {
+    "traits": _traits,
     "validate": _validate,
     "loss": _loss,
     "outcome": _check_outcome,
@@ -415,7 +450,9 @@ def check_task(task: str | type[Task] | Task, *, examples: Iterable[TaskExample]
         examples: :class:`~medadv.tasks.TaskExample` s to use instead of the class's ``examples()``.
         properties: a subset of :data:`TASK_PROPERTIES` (default: all).
 
-    Checks, per example: ``validate`` accepts the example and refuses misshaped labels naming ``y``; the loss is per
+    Checks, per example: the trait groups hold values their consumers accept (label form, case and class-wise
+    views, smoothing family, toolkit adapters, ``auto``'s versions within its members, per-class Dice with the
+    attributes it needs); ``validate`` accepts the example and refuses misshaped labels naming ``y``; the loss is per
     sample with a finite gradient; ``outcome`` gives ``predict``'s prediction, an ``(N,)`` bool ``wrong`` and per-sample
     columns that include the declared ``headline``, ``robust_metric_column`` and ``tiebreak_column``;
     ``sample_columns`` has ``changed``, ``flipped`` and every ``clean_``/``adv_`` pair, with leading dim N;

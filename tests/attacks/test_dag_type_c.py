@@ -68,3 +68,51 @@ def test_dilation_grows_by_the_l1_radius():
     ii, jj = torch.meshgrid(torch.arange(21), torch.arange(21), indexing="ij")
     diamond = ((ii - 10).abs() + (jj - 10).abs() <= 6) & ~((ii == 10) & (jj == 10))
     assert torch.equal(mask[0], diamond)
+
+
+# --- built on the clean prediction (issue 32): the default DAG region is the claimed voxels only ----------------
+@pytest.mark.parametrize("ndim", [2, 3])
+def test_prediction_based_type_c_differs_from_the_prediction_exactly_on_the_claimed_voxels(ndim):
+    y = _labels(ndim, 16 if ndim == 2 else 12)
+    g = torch.Generator().manual_seed(5)
+    wrong = torch.rand(y.shape, generator=g) < 0.3
+    pred = torch.where(wrong, torch.randint(0, 4, y.shape, generator=g), y)  # a 70 %-right prediction
+    y0, p0 = y.clone(), pred.clone()
+    ya_label, mask_label = dag_target_c(y, cls=2)
+    ya, mask = dag_target_c(y, cls=2, prediction=pred)
+    assert torch.equal(y, y0) and torch.equal(pred, p0)  # neither input is written
+    # the claimed voxels come from the label's dilation; those already predicted as the class drop out
+    assert torch.equal(mask, mask_label & (pred != 2))
+    assert torch.equal(ya != pred, mask) and (ya[mask] == 2).all()
+    # the label-based map disagrees with the prediction on the clean mistakes too: DAG's default region
+    # (a wrong voxel keeps a wrong class 3 times in 4 here: ~22 % of the unclaimed voxels)
+    outside = ~mask_label
+    assert float(((ya_label != pred) & outside).sum() / outside.sum()) > 0.15
+    # with the label map as "prediction" the construction is the label-based one
+    ya_same, mask_same = dag_target_c(y, cls=2, prediction=y)
+    assert torch.equal(ya_same, ya_label) and torch.equal(mask_same, mask_label)
+
+
+def test_prediction_based_type_c_region_in_dag_is_the_mask(trained_seg3d):
+    from medadv.attacks.dag import DAG, DAGDetails
+    from medadv.threats import Box
+
+    m, task, x, y = trained_seg3d.model, trained_seg3d.task, trained_seg3d.x, trained_seg3d.y
+    with torch.no_grad():
+        clean = m(x).argmax(1)
+    attack = DAG(task, Box(0.0, 1.0), step_size=0.01, steps=30)
+    ya_label, mask_label = dag_target_c(y, cls=2, iterations=2)
+    ya, mask = dag_target_c(y, cls=2, iterations=2, prediction=clean)
+    res_label, res = attack(m, x, ya_label), attack(m, x, ya)
+    assert isinstance(res.details, DAGDetails) and isinstance(res_label.details, DAGDetails)
+    assert torch.equal(res.details.target_region_size, mask.flatten(1).sum(1))
+    # label-based, without a target_mask, DAG also works on every clean mistake outside the claimed voxels
+    assert int(res_label.details.target_region_size.sum()) > int(mask_label.sum())
+
+
+def test_bad_prediction_for_type_c_is_refused():
+    y = _labels(2, 8)
+    with pytest.raises(ValueError, match="`prediction` must have the shape of `y`"):
+        dag_target_c(y, cls=1, prediction=y[:1])
+    with pytest.raises(TypeError, match="`prediction` must be an integer label map"):
+        dag_target_c(y, cls=1, prediction=y.bool())

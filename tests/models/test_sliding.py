@@ -7,9 +7,10 @@ import torch
 
 from medadv.attacks.dag import DAG, dag_target_a
 from medadv.attacks.pgd import PGD
+from medadv.attacks.tilewise import TileDetails, attack_tilewise
 from medadv.attacks.vafa import VAFA
 from medadv.data.synthetic import segmentation_blobs
-from medadv.models.sliding import SlidingWindow, TileWise, attack_tilewise, tile_slices
+from medadv.models.sliding import SlidingWindow, TileWise, tile_slices
 from medadv.threats import L2, Box, Linf
 
 UNIT = Box(0.0, 1.0)
@@ -78,6 +79,7 @@ def test_attack_tilewise_pgd_dag_and_vafa(big):
     r_dag = attack_tilewise(DAG(task, UNIT, step_size=0.01, steps=60), m, x, ya, roi_size=16, tiles_per_batch=8,
                             tile_kwargs={"target_mask": mask})
     assert len(r_dag.extras["tiles"]) == 1 and len(r_dag.details.tiles) == 1
+    assert isinstance(r_dag.details, TileDetails) and type(r_dag.details).__module__ == "medadv.attacks.tilewise"
     assert r_dag.details.tiles[0].fooled_fraction.shape == (8 * 2,)  # the tile batch's own typed details
     with torch.no_grad():
         clean_hit = ((TileWise(m, 16)(x).argmax(1) == 0) & mask).sum() / mask.sum()
@@ -122,3 +124,13 @@ def test_bad_input(trained_seg3d):
         attack_tilewise(object(), m, trained_seg3d.x, roi_size=16)
     with pytest.raises(ValueError, match="roi_size"):
         TileWise(m, (16, 16))(trained_seg3d.x)
+
+
+def test_attack_tilewise_lives_with_the_attacks():
+    """The models import no attack (tests/test_layout.py): the tile-wise attack moved to medadv.attacks.tilewise and
+    medadv.models no longer offers it (an alias would bring the models -> attacks import back)."""
+    import medadv.models
+    import medadv.models.sliding
+
+    assert not hasattr(medadv.models, "attack_tilewise") and "attack_tilewise" not in medadv.models.__all__
+    assert not hasattr(medadv.models.sliding, "attack_tilewise")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import math
 import re
 from html.parser import HTMLParser
 
@@ -14,6 +13,7 @@ import pytest
 from PIL import Image
 
 import medadv.report.html as H
+from medadv.report.blocks import heatmap, mean_of
 from medadv.report.cases import damage
 from medadv.report.html import ci95, fmt, fmt_budget, fmt_ci, render_html_report, write_html_report
 from medadv.results import Results
@@ -60,6 +60,18 @@ class Page(HTMLParser):
             self._cell = None
 
 
+def _drawing_modules(name: str) -> list:
+    """The report's modules that draw with block ``name``: html.py and each study module (its section's drawer)."""
+    import importlib
+    import pkgutil
+
+    import medadv.studies
+
+    mods = [H] + [importlib.import_module(f"medadv.studies.{m.name}")
+                  for m in pkgutil.iter_modules(medadv.studies.__path__)]
+    return [m for m in mods if hasattr(m, name)]
+
+
 def _records(table: list[list[str]]) -> list[dict[str, str]]:
     return [dict(zip(table[0], row, strict=True)) for row in table[1:]]
 
@@ -75,20 +87,22 @@ def figures(monkeypatch):
                      for ax in fig.axes]
         return original(fig, alt, caption, dpi)
 
-    monkeypatch.setattr(H, "figure_image", record)
+    for mod in _drawing_modules("figure_image"):
+        monkeypatch.setattr(mod, "figure_image", record)
     return seen
 
 
 @pytest.fixture
 def heatmaps(monkeypatch):
     seen: list[tuple[str, np.ndarray, list[str], list[str]]] = []
-    original = H._heatmap
+    original = heatmap
 
     def record(ax, m, rows, cols, **kw):
         seen.append((kw.get("title", ""), np.array(m, dtype=float), list(rows), list(cols)))
         return original(ax, m, rows, cols, **kw)
 
-    monkeypatch.setattr(H, "_heatmap", record)
+    for mod in _drawing_modules("heatmap"):
+        monkeypatch.setattr(mod, "heatmap", record)
     return seen
 
 
@@ -239,7 +253,7 @@ def test_budgets_read_as_fractions_of_255():
     assert fmt_budget(0.05) == "0.05"
     assert fmt_budget(None) == "–"
     assert H.fmt(float("nan")) == "–" and H.fmt(1e-6) == "1e-06" and H.fmt(0.12345) == "0.123"
-    assert not math.isnan(H._mean([None, float("nan"), 1.0]))
+    assert mean_of([None, float("nan"), 1.0]) == 1.0
 
 
 def test_saliency_pairs_ready_figures_and_a_table_without_known_metrics():

@@ -116,7 +116,8 @@ def test_run_study_takes_the_attacks_box(trained_multilabel):
 
 
 def test_report_draws_the_curve_and_flags_a_violation(ml_run, tmp_path):
-    from medadv.report.html import CERTIFY_RULE, render_html_report
+    from medadv.report.html import render_html_report
+    from medadv.studies.certify import CERTIFY_RULE
 
     html = render_html_report(studies=[ml_run])
     assert "study-certify" in html and "<img" in html and CERTIFY_RULE in html

@@ -158,18 +158,70 @@ def test_the_study_runs_the_xu2021_suite_seeded_and_from_a_config(trained_multic
 
 
 def test_relative_flip_probability_of_several_models(trained_multiclass):
-    from torch import nn
-
     t = trained_multiclass
-    steady = nn.Sequential(nn.Flatten(), nn.Linear(t.x[0].numel(), 4))
-    nn.init.zeros_(steady[1].weight)
-    with torch.no_grad():
-        steady[1].bias.copy_(torch.tensor([1.0, 0.0, 0.0, 0.0]))  # the same class whatever the input: never flips
+    steady = _steady(t)
     r = run_study("corruptions", {"suite": ["gaussian_noise", "translate"], "severities": [5], "bounds": [0.0, 1.0],
                                   "models": ["cnn", "steady"]}, {"cnn": t.model, "steady": steady}, t.task,
                   (t.x, t.y), None)
     rows = {row["model"]: row for row in r.meta["rfp"]}
     assert rows["cnn"]["rfp"] == pytest.approx(1.0) and rows["cnn"]["flip_probability"] > 0
     assert rows["steady"]["flip_probability"] == 0.0 and rows["steady"]["rfp"] == 0.0
-    fps = [row["flip_probability"] for row in r.rows]
+    fps = [row["flip_probability"] for row in r.rows if row["model"] == "cnn"]
     assert rows["cnn"]["flip_probability"] == pytest.approx(sum(fps) / len(fps))
+
+
+def _steady(t):
+    """A model that predicts class 0 whatever the input: it never flips."""
+    from torch import nn
+
+    steady = nn.Sequential(nn.Flatten(), nn.Linear(t.x[0].numel(), 4))
+    nn.init.zeros_(steady[1].weight)
+    with torch.no_grad():
+        steady[1].bias.copy_(torch.tensor([1.0, 0.0, 0.0, 0.0]))  # the same class whatever the input: never flips
+    return steady
+
+
+def test_models_give_one_section_with_every_models_rows_and_table_3(trained_multiclass):
+    from medadv.report.blocks import Table, fmt
+    from medadv.report.html import render_html_report
+    from medadv.studies.corruptions import _draw_corruptions, relative_flip_probability
+
+    t = trained_multiclass
+    x, y = t.x[:16], t.y[:16]
+    steady = _steady(t)
+    opts = {"suite": ["gaussian_noise", "translate"], "severities": [3, 5], "frames": 3, "bounds": [0.0, 1.0]}
+    models = {"cnn": t.model, "steady": steady}
+    r = run_study("corruptions", {**opts, "models": ["steady", "cnn"]}, models, t.task, (x, y), None)
+    # every model's rows, the reference's first, each tagged with the row contract's `model` column
+    assert [row["model"] for row in r.rows] == ["cnn"] * 4 + ["steady"] * 4
+    assert r.meta["reference"] == "cnn" and r.meta["models"] == ["cnn", "steady"]
+    # the reference rows are a single-model run's, and the other model's rows its own single-model run's
+    alone = {n: run_study("corruptions", opts, {n: m}, t.task, (x, y), None) for n, m in models.items()}
+    for n in models:
+        assert [{k: v for k, v in row.items() if k != "model"} for row in r.rows if row["model"] == n] \
+            == alone[n].rows
+    assert all(row["flip_probability"] == 0.0 for row in r.rows if row["model"] == "steady")
+    assert any(row["flip_probability"] > 0.0 for row in r.rows if row["model"] == "cnn")
+    # the RFP of meta is the one of the separate runs (Table 4), unchanged by the new rows
+    assert r.meta["rfp"] == relative_flip_probability({"cnn": alone["cnn"], "steady": alone["steady"]})
+    # without `models:` nothing changes: no model column, no Table 3
+    assert "model" not in alone["cnn"].rows[0] and "reference" not in alone["cnn"].meta
+
+    # Table 3: corruption x model mean flip probability, and the mean over the corruptions
+    sec = _draw_corruptions(r, None)
+    table3 = [b for b in sec.blocks if isinstance(b, Table) and [h.text for h in b.headers] == ["corruption", "cnn",
+                                                                                                 "steady"]]
+    assert len(table3) == 1
+    cells = {row[0].text: [c.text for c in row[1:]] for row in table3[0].rows}
+    assert list(cells) == ["gaussian_noise", "translate", "mean of all"]
+    fp = {c: [row["flip_probability"] for row in alone["cnn"].rows if row["corruption"] == c]
+          for c in ("gaussian_noise", "translate")}
+    assert cells["gaussian_noise"] == [fmt(sum(fp["gaussian_noise"]) / 2), "0.000"]
+    mean_all = (sum(fp["gaussian_noise"]) / 2 + sum(fp["translate"]) / 2) / 2
+    assert cells["mean of all"] == [fmt(mean_all), "0.000"]
+    assert not any(isinstance(b, Table) and [h.text for h in b.headers][:2] == ["corruption", "cnn"]
+                   for b in _draw_corruptions(alone["cnn"], None).blocks)
+    html = render_html_report(None, studies=[r])
+    assert "Could not draw" not in html and "Xu et al., Table 3" in html and "Xu et al., Table 4" in html
+    with pytest.raises(ValueError, match="did you mean 'steady'"):
+        run_study("corruptions", {**opts, "models": ["stedy"]}, models, t.task, (x, y), None)

@@ -95,9 +95,52 @@ def test_correlation_multiclass_and_segmentation_counts(trained_multiclass, trai
     assert sum(row["clean_count"] for row in r.rows) == s.y.numel()  # voxels per predicted class
 
 
+def test_correlation_noise_matched_in_ssim(trained_multiclass):
+    """``noise: ssim``: the noisy control has each sample's SSIM equal to its adversarial example's (Paschali et
+    al., Fig. 3), through ``corruptions.match_noise`` with the study's seeded generator."""
+    from medadv.metrics.image import ssim
+    from medadv.report.blocks import Image
+    from medadv.studies import run_study
+    from medadv.studies.correlation import _draw_correlation
+    from medadv.studies.corruptions import match_noise
+    from medadv.threats import Box
+
+    t = trained_multiclass
+    x, y = t.x[:16], t.y[:16]
+    before = x.clone()
+    atk = FGSM(t.task, Linf(0.1, bounds=(0.0, 1.0)))
+    r = correlation(t.model, t.task, (x, y), {"fgsm": atk}, noise="ssim", embedding=["pca"], seed=3)
+    assert torch.equal(x, before)
+    x_adv = atk(t.model, x, y).x_adv
+    s_adv = ssim(x, x_adv, data_range=1.0, win_size=11)
+    noise = r.meta["noise"]
+    assert noise["match"] == "ssim" and noise["ssim_adv"] == pytest.approx(float(s_adv.double().mean()), abs=1e-6)
+    assert abs(noise["ssim_noise"] - noise["ssim_adv"]) < 0.01 and noise["ssim_adv"] < 0.99
+    # the noisy group, by hand: the same draw (seed 3) scaled to each sample's SSIM; its shift in the logits
+    x_noise, _ = match_noise(x, s_adv, box=Box(0.0, 1.0), match="ssim", noise="gaussian",
+                             generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        fc, fn = t.model(x).double(), t.model(x_noise).double()
+    spread = float((fc - fc.mean(0)).norm(dim=1).mean())
+    assert r.rows[0]["noise_shift"] == pytest.approx(float((fn - fc).norm(dim=1).mean()) / spread, rel=1e-4)
+    assert noise["noise_norm"] == pytest.approx(float((x_noise - x).flatten(1).norm(dim=1).mean()), rel=1e-4)
+    # the default matches the L2 norm and keeps no SSIM
+    plain = correlation(t.model, t.task, (x, y), {"fgsm": atk}, embedding=["pca"], seed=3)
+    assert plain.meta["noise"]["match"] == "l2" and "ssim_adv" not in plain.meta["noise"]
+    assert plain.rows[0]["noise_shift"] != pytest.approx(r.rows[0]["noise_shift"], rel=1e-3)
+    # the config option and the section's wording
+    spec = run_study("correlation", {"noise": "ssim", "embedding": ["pca"]}, t.model, t.task, (x, y), {"fgsm": atk})
+    captions = [b.caption for b in _draw_correlation(spec, None).blocks if isinstance(b, Image)]
+    assert any("Gaussian noise of the same SSIM" in c for c in captions)
+    assert not any("same SSIM" in b.caption for b in _draw_correlation(plain, None).blocks if isinstance(b, Image))
+    with pytest.raises(Exception, match="ssim"):
+        run_study("correlation", {"noise": "ssmi"}, t.model, t.task, (x, y), {"fgsm": atk})
+
+
 def test_frequency_notes_vafa_renormalisation(voxel_model):
     from medadv import VAFA, Box
-    from medadv.report.html import _h, _study_section
+    from medadv.report.blocks import escape as _h
+    from medadv.report.html import _study_section
     from medadv.tasks import Segmentation
 
     task = Segmentation(3)

@@ -8,6 +8,7 @@ pixel) predict (0, 0, 1, 1) clean: recall (2/3, 1), errors (off-diagonal confusi
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
@@ -85,8 +86,10 @@ def test_report_draws_the_cosine_heatmaps(toy_pair, monkeypatch):
     task = MultiClass()
     r = models({"A": a, "Flip": Flip(a)}, task, (x, y), {"fgsm": FGSM(task, Linf(0.25, bounds=(0, 1)))})
     drawn: list[tuple[str, list]] = []
-    real = html._heatmap
-    monkeypatch.setattr(html, "_heatmap", lambda ax, m, *args, **kw: (drawn.append((kw.get("title"), m)),
+    drawn_by = importlib.import_module("medadv.studies.models")  # the module (the package binds the function)
+
+    real = drawn_by.heatmap
+    monkeypatch.setattr(drawn_by, "heatmap", lambda ax, m, *args, **kw: (drawn.append((kw.get("title"), m)),
                                                                        real(ax, m, *args, **kw)))
     sec = html._study_section(r, None)
     assert "Could not draw" not in sec.intro

@@ -2,21 +2,70 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from medadv import FGSM, Linf, MultiClass
 from medadv.config_schema import ConfigError
-from medadv.studies import STUDY_SPECS, classwise, run_study, validate_studies
+from medadv.studies import STUDY_SPECS, available_studies, classwise, get_study, run_study, validate_studies
 from medadv.studies.schema import StudySpec, register_study
 
 
-def test_every_registered_study_runs_and_is_drawn():
-    from medadv.report.html import _STUDIES
+def test_every_registered_study_declares_its_schema_and_its_report_section():
+    """Each registered study's spec names it (``Literal[name]``), defines run() and brings its drawer; that each one
+    runs is tests/studies/test_check_study.py (check_study over every study x task kind)."""
+    from medadv.report.html import _drawer, _study_generic
 
+    assert list(STUDY_SPECS) and sorted(STUDY_SPECS) == available_studies()
     for name, spec in STUDY_SPECS.items():
+        if not spec.__module__.startswith("medadv.studies."):
+            continue  # a study registered by user code (a docs example run in this session)
         assert spec.model_fields["study"].annotation.__args__ == (name,), name  # Literal[name]
         assert spec.run is not StudySpec.run, f"{name} does not define run()"
-        assert name in _STUDIES, f"the report has no section for study {name!r}"
+        info = get_study(name)
+        assert info.spec is spec and info.draw is not None, f"the report has no section for study {name!r}"
+        assert _drawer(name) is info.draw
+    assert _drawer("no_such_study") is _study_generic  # an unknown study's rows are shown raw
+
+
+def test_the_registry_is_filled_from_the_package_contents():
+    """Every public module of medadv.studies is imported by the package, and every StudySpec subclass defined in one
+    is registered (no hand-kept list to forget); the names are looked up with a did-you-mean."""
+    import importlib
+    import pkgutil
+
+    import medadv.studies as pkg
+
+    defined = set()
+    for m in pkgutil.iter_modules(pkg.__path__):
+        mod = importlib.import_module(f"medadv.studies.{m.name}")
+        defined |= {v for v in vars(mod).values()
+                    if isinstance(v, type) and issubclass(v, StudySpec) and v is not StudySpec}
+    assert defined == {s for s in STUDY_SPECS.values() if s.__module__.startswith("medadv.studies.")}
+    with pytest.raises(ValueError, match="unknown study 'tranfser'; did you mean 'transfer'"):
+        get_study("tranfser")
+
+
+def test_the_config_does_not_import_the_studies():
+    """The studies build their data with medadv.config's builders, so medadv.config must never import a study (the
+    config <-> studies cycle of issue 30); tests/test_layout.py checks every room, this names the one that was."""
+    import ast
+    from pathlib import Path
+
+    import medadv.config as pkg
+
+    for path in Path(pkg.__path__[0]).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [f"{'.' * node.level}{node.module or ''}"]
+                names += [f"{'.' * node.level}{node.module + '.' if node.module else ''}{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for n in names:
+                assert "studies" not in n.split("."), f"medadv/config/{path.name} imports {n}"
 
 
 def test_register_study_refuses_a_second_class_under_a_taken_name():
@@ -79,3 +128,14 @@ def test_run_study_is_the_function_call(toy_pair, trained_multiclass):
         run_study("corruptions", {}, a, task, (x, y), None)
     with pytest.raises(ValueError, match="did you mean 'classwise'"):
         run_study("clswise", {}, a, task, (x, y), atk)
+
+
+def test_the_studies_guide_lists_every_registered_study():
+    """docs/studies.md describes each study in prose: its table must name every study of the registry, and no other."""
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "studies.md").read_text(encoding="utf-8")
+    table = page[page.index("| study | what | paper |"):].split("\n\n", 1)[0]
+    listed = set(re.findall(r"^\| `(\w+)` \|", table, flags=re.M))
+    mine = {n for n, s in STUDY_SPECS.items() if s.__module__.startswith("medadv.studies.")}
+    assert listed == mine, f"missing from docs/studies.md: {sorted(mine - listed)}; not studies: {sorted(listed - mine)}"

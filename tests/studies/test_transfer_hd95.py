@@ -8,6 +8,7 @@ on A pushes each voxel away from A's level for it, so the white-box cell loses s
 
 from __future__ import annotations
 
+import importlib
 import math
 import warnings
 
@@ -124,8 +125,10 @@ def test_report_draws_table2_matrix_and_hd95(toy_pair, monkeypatch):
     r = transfer({"A": a, "B": b}, {"A": a, "B": b}, task, (x, y), {"fgsm": FGSM(task, Linf(0.15, bounds=(0, 1)))},
                  hd95=True)
     titles: list[str] = []
-    real = html._heatmap
-    monkeypatch.setattr(html, "_heatmap", lambda ax, m, *args, **kw: (titles.append(kw.get("title")),
+    drawn_by = importlib.import_module("medadv.studies.transfer")  # the module (the package binds the function)
+
+    real = drawn_by.heatmap
+    monkeypatch.setattr(drawn_by, "heatmap", lambda ax, m, *args, **kw: (titles.append(kw.get("title")),
                                                                        real(ax, m, *args, **kw)))
     sec = html._study_section(r, None)
     assert "Could not draw" not in sec.intro

@@ -59,9 +59,11 @@ Outputs are written only as regular files inside the output folder, never throug
 
 ``model.train: {data: {source: mni152, ...}, epochs: 10, lr: 0.01}`` fits the network to built-in data with the
 task's loss before it is evaluated (weights cached in medadv's cache folder under a hash of the network, task,
-section and seed: :func:`trained_weights`); ``model.name`` names it for the studies; ``models: {name: {...}}``
+section and seed: :func:`trained_weights`); ``train: {..., defense: {name: pgd_at, eps: 8/255, steps: 4}}`` trains it
+with a training strategy of :mod:`medadv.defenses` instead (adversarial training, in the data box of ``threat``);
+``model.name`` names it for the studies; ``models: {name: {...}}``
 adds networks for the studies that compare models (:func:`study_models`). An ``attacks`` entry may give its own
-``budgets`` and ``target`` (:func:`build_target_fns`); ``report: {title, results}`` heads the HTML report and
+``budgets``, ``target`` (:func:`build_target_fns`) and ``norm`` (its ε-ball's, instead of ``threat.norm``); ``report: {title, results}`` heads the HTML report and
 ``report: {window: lung}`` (or ``[width, level]``) sets its case figures' grey window (:mod:`medadv.report.windows`).
 
 Data from files (:mod:`medadv.data.sources`) stream through MONAI transforms declared by class name, one
@@ -91,177 +93,78 @@ key is an error naming the closest valid one, at every level; values have types 
 (``batch_size >= 1``, ``data.n >= 1``, ``hd95`` a YAML boolean); budgets are numbers or fractions such as
 ``8/255``. ``medadv validate config.yaml`` checks a config (schema, task, attacks, target, model builder,
 data files) without building the model, loading the data or running anything.
+
+The builders take the typed sections of :mod:`medadv.config_schema` (``ModelSection``, ``Config``, ...), as a
+:class:`medadv.run.Plan` holds them (read and checked once; what ``medadv evaluate`` and ``medadv validate`` use), or
+plain mappings, validated once at the boundary. The data builders live in :mod:`medadv.config.data` and the targets
+of targeted attacks in :mod:`medadv.config.targets`; both are re-exported here.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.util
-import inspect
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from pydantic import BaseModel
+from torch import nn
 
-from .attacks.base import Attack, attack_class, get_attack
-from .config_schema import (
-    FILE_SOURCES,
+from ..attacks.base import Attack, attack_class, get_attack
+from ..config_schema import (
     AttackPlan,
+    Config,
     ConfigError,
-    CsvData,
     CustomTask,
-    DatalistData,
-    DataSection,
-    FilesData,
     InferenceSection,
-    Mni152Data,
     ModelSection,
-    NpzData,
-    SyntheticData,
     TaskSection,
     ThreatSection,
-    entry_label,
     is_code_path,
     validate_config,
     validate_section,
 )
-from .params import InvalidParameterError, closest
-from .tasks import Task, available_tasks, task_class
-from .threats import L2, Box, LargeBudgetWarning, Linf, Threat
+from ..params import InvalidParameterError, closest
+from ..tasks import Task, available_tasks, task_class
+from ..threats import L2, Box, LargeBudgetWarning, Linf, Threat
+from .data import (
+    CODE_TRANSFORM_ARGS,
+    _relative,
+    build_data,
+    build_loader,
+    check_data,
+    data_identity,
+)
+from .targets import (
+    TARGET_KINDS,
+    TargetFn,
+    attack_plan,
+    build_target_fn,
+    build_target_fns,
+    check_target,
+    check_targets,
+)
+from .trust import TRUSTED_PACKAGES, CodeNotAllowedError
+from .trust import allow_file as _allow_file
+from .trust import allow_module as _allow_module
+from .trust import allow_network as _allow_network
+from .trust import import_code as _import
+from .trust import module_exists as _module_exists
+from .trust import trusted_module as _trusted_module
 
-__all__ = ["ConfigError", "CodeNotAllowedError", "RandomWeightsWarning", "TRUSTED_PACKAGES", "load_config", "build_model",
-           "check_model", "model_name", "build_task", "build_data", "build_loader", "check_data", "data_identity",
+__all__ = ["ConfigError", "CodeNotAllowedError", "RandomWeightsWarning", "TRUSTED_PACKAGES", "CODE_TRANSFORM_ARGS",
+           "TARGET_KINDS", "load_config", "read_config_file", "normalise_config", "config_dict", "model_section",
+           "task_section", "study_model_name", "study_models", "build_model", "threat_box", "check_model", "model_name", "build_task",
+           "build_data", "build_loader", "check_data", "data_identity",
            "wrap_inference", "config_fingerprint", "build_attacks", "build_target_fn", "build_target_fns", "check_target",
-           "check_targets", "class_names"]
-
-#: packages whose functions a config may name without ``allow_code``
-TRUSTED_PACKAGES = ("medadv", "monai", "torchvision")
-
-TargetFn = Callable[[Tensor, Tensor, Tensor], Tensor]
-
+           "check_targets", "class_names", "TargetFn"]
 
 class RandomWeightsWarning(UserWarning):
     """The model of a config has no checkpoint: its (seeded) random weights are evaluated."""
-
-
-class CodeNotAllowedError(ConfigError):
-    """A config names code outside medadv/MONAI/torchvision or a Python file outside its folder, and the
-    user has not opted in (``--allow-code`` or ``allow_code: true``)."""
-
-
-_OPT_IN = ("pass --allow-code (or set `allow_code: true` in the config) if you trust it: a config that names "
-           "code runs it")
-
-
-def _trusted_module(spec: str) -> bool:
-    return spec.partition(":")[0].split(".")[0] in TRUSTED_PACKAGES
-
-
-def _inside(path: Path, base_dir: str | None) -> bool:
-    if not base_dir:
-        return False
-    try:
-        path.resolve().relative_to(Path(base_dir).resolve())
-        return True
-    except ValueError:
-        return False
-
-
-def _allow_module(spec: str, where: str, allow_code: bool) -> None:
-    if not allow_code and not _trusted_module(spec):
-        raise CodeNotAllowedError([f"`{where}` {spec!r} is code outside {', '.join(TRUSTED_PACKAGES)}: {_OPT_IN}"])
-
-
-def _allow_network(fn: Any, where: str, allow_code: bool) -> None:
-    """Without ``allow_code``, only what builds a network: an ``nn.Module`` subclass or a declared network factory
-    (:func:`medadv.models.loading.builds_network`), decided from the resolved object before anything is called.
-    Any other function of medadv, MONAI or torchvision is code (``monai.utils.module:optional_import`` imports any
-    module, ``torchvision.datasets.utils:extract_archive`` writes anywhere)."""
-    from .models.loading import builds_network
-
-    if allow_code or builds_network(fn):
-        return
-    kind = (f"the class {fn.__qualname__}, not an nn.Module" if isinstance(fn, type) else
-            f"a {type(fn).__name__} that is not a declared network factory")
-    raise CodeNotAllowedError([f"{where} is {kind}: without --allow-code a config names only nn.Module classes and "
-                               "the network factories medadv declares (torchvision's registered models, MONAI's "
-                               f"networks, medadv.models builders); {_OPT_IN}"])
-
-
-def _allow_target(spec: str, allow_code: bool) -> None:
-    """A ``target`` naming a function runs it: outside medadv/MONAI/torchvision as any code, and inside them too
-    (no function of theirs is declared a target function) only with ``allow_code``; decided from the text."""
-    _allow_module(spec, "target", allow_code)
-    if not allow_code:
-        raise CodeNotAllowedError([f"`target` {spec!r} names a function, which medadv would call: without "
-                                   f"--allow-code `target` is one of {', '.join(TARGET_KINDS)}; {_OPT_IN}"])
-
-
-#: arguments of MONAI transforms that run code or write files (``Lambdad(func=...)``, ``SaveImaged(output_dir=...)``,
-#: ``WriteFileMappingd(mapping_file_path=...)``): a transform taking one is named only with ``allow_code``
-CODE_TRANSFORM_ARGS = ("func", "inv_func", "post_func", "saver", "writer", "output_dir", "data_root_dir",
-                       "savepath_in_metadict", "mapping_file_path", "logger_handler")
-
-
-def _reader_class(value: Any) -> bool:
-    """Whether a ``reader`` value names one of MONAI's image readers (a key of ``SUPPORTED_READERS`` or an
-    ``ImageReader`` subclass of ``monai.data``): anything else, a dotted path above all, is code that MONAI would
-    locate and call with the transform's arguments."""
-    import monai.data
-    from monai.transforms.io.array import SUPPORTED_READERS
-
-    if value is None:
-        return True
-    if isinstance(value, list | tuple):
-        return all(_reader_class(v) for v in value)
-    if not isinstance(value, str):
-        return False
-    if value.lower() in SUPPORTED_READERS:
-        return True
-    obj = getattr(monai.data, value, None) if value.isidentifier() else None
-    return isinstance(obj, type) and issubclass(obj, monai.data.ImageReader)
-
-
-def _allow_transforms(spec: Mapping[str, Any], allow_code: bool) -> None:
-    """Without ``allow_code``, the data transforms a config names neither run code nor write files: no transform
-    taking one of :data:`CODE_TRANSFORM_ARGS`, and a loader's ``reader`` one of MONAI's readers by name."""
-    if allow_code:
-        return
-    conf = _file_source(spec)
-    if conf is None or not conf.transforms:
-        return
-    from .data.sources import monai_transforms
-
-    table = monai_transforms()
-    for i, entry in enumerate(conf.transforms):
-        cls = table.get(entry.name)
-        if cls is None:
-            continue
-        try:
-            params = inspect.signature(cls).parameters
-        except (TypeError, ValueError):
-            params = {}  # type: ignore[assignment]
-        code = [a for a in CODE_TRANSFORM_ARGS if a in params]
-        if code:
-            raise CodeNotAllowedError([f"`data.transforms[{i}]` {entry.name} takes `{code[0]}`: it runs code or writes "
-                                       f"files, and a config does so only with --allow-code; {_OPT_IN}"])
-        reader = entry.args().get("reader")
-        if not _reader_class(reader):
-            raise CodeNotAllowedError([f"`data.transforms[{i}].reader` {str(reader)[:80]!r} is not one of MONAI's "
-                                       "image readers (ITKReader, NibabelReader, PILReader, PydicomReader, NumpyReader"
-                                       f", ...): MONAI would import and call it; {_OPT_IN}"])
-
-
-def _allow_file(path: Path, spec: str, where: str, base_dir: str | None, allow_code: bool) -> None:
-    if not allow_code and not _inside(path, base_dir):
-        raise CodeNotAllowedError([f"`{where}` {spec!r} is a Python file outside the config's folder "
-                                   f"({path.resolve()}): {_OPT_IN}"])
 
 
 @functools.cache
@@ -291,13 +194,11 @@ def _unique_key_loader() -> type:
     return UniqueKeyLoader
 
 
-def load_config(path: str | os.PathLike) -> dict[str, Any]:
-    """The config file, checked against the schema (:mod:`medadv.config_schema`), as a plain mapping.
+def read_config_file(path: str | os.PathLike) -> Any:
+    """The YAML of a config file, parsed (a key given twice is refused) but not yet checked against the schema.
 
-    Every section is there with its defaults filled in and its values normalised (budgets as floats,
-    ``task.type`` in its canonical spelling); ``_dir`` is the config's folder (relative paths start there).
-    Raises :class:`ConfigError` (one line per mistake) for a config that does not fit the schema.
-    """
+    Raises ``FileNotFoundError`` for a missing file and :class:`ConfigError` (one line naming the file) for text
+    that is not UTF-8 or not YAML."""
     import yaml
 
     p = Path(path)
@@ -310,7 +211,7 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
         raise ConfigError([f"{p}: not a UTF-8 text file (byte 0x{data[e.start]:02x} at position {e.start}): a config "
                            "is YAML text; save it as UTF-8"]) from None
     try:
-        raw = yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader
+        return yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader
     except RecursionError:
         raise ConfigError([f"{p}: not valid YAML: nested too deeply"]) from None
     except yaml.YAMLError as e:
@@ -318,76 +219,90 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError([f"{p}: not valid YAML{at}: {problem}"]) from None
-    cfg = validate_config(raw).model_dump()
-    if cfg["studies"] is not None:
-        from .studies.schema import validate_studies
 
-        # checked here (not in the schema) because each study has its own schema; every mistake at once
-        # only the keys the config gave (`study` always): a default such as `bounds` (the attacks' box when
-        # absent) must stay absent, not become an explicit null
-        cfg["studies"] = [spec.model_dump(exclude_unset=True) for spec in validate_studies(cfg["studies"])]
-        several = [s["study"] for s in cfg["studies"] if s["study"] in ("transfer", "models")]
-        if several and not cfg["models"]:
-            raise ConfigError([f"`studies`: {', '.join(map(repr, several))} compare several models, and the config "
-                               "names one: add `models: {name: {monai: ..., ...}}` (more networks by name)"])
-    cfg["_dir"] = str(p.parent.resolve())
-    for m in [cfg["model"], *(cfg["models"] or {}).values()]:
-        if m["seed"] is None:  # the model's random initial weights follow the config's seed
-            m["seed"] = cfg["seed"]
-    if cfg["models"] and study_model_name(cfg["model"]) in cfg["models"]:
-        raise ConfigError([f"`models` has a model named {study_model_name(cfg['model'])!r}, the name of `model`: "
+
+def _study_name(entry: Any) -> Any:
+    """The study an entry of ``studies:`` names (a bare name, or the ``study`` of a mapping or a spec)."""
+    if isinstance(entry, Mapping):
+        return entry.get("study")
+    return getattr(entry, "study", entry)
+
+
+def normalise_config(conf: Config) -> Config:
+    """A checked copy of ``conf`` with what the schema alone cannot settle settled (``conf`` is not changed).
+
+    Each model's ``seed`` defaults to the config's ``seed`` (its random initial weights follow it); a study that
+    compares models needs ``models``; no entry of ``models`` may take the evaluated model's name."""
+    several = [n for n in map(_study_name, conf.studies or []) if n in ("transfer", "models")]
+    if several and not conf.models:
+        raise ConfigError([f"`studies`: {', '.join(map(repr, several))} compare several models, and the config "
+                           "names one: add `models: {name: {monai: ..., ...}}` (more networks by name)"])
+    conf = conf.model_copy(deep=True)
+    for m in [conf.model, *(conf.models or {}).values()]:
+        if m.seed is None:  # the model's random initial weights follow the config's seed
+            m.seed = conf.seed
+    if conf.models and study_model_name(conf.model) in conf.models:
+        raise ConfigError([f"`models` has a model named {study_model_name(conf.model)!r}, the name of `model`: "
                            "give `model.name` (or rename the entry)"])
+    return conf
+
+
+def config_dict(conf: Config, base_dir: str | None, studies: list[Any] | None = None) -> dict[str, Any]:
+    """The plain mapping :func:`load_config` returns, from a checked config: every section with its defaults, ``_dir``
+    the config's folder. ``studies`` replaces the ``studies`` entries (checked specs: only the keys given)."""
+    cfg = conf.model_dump()
+    if studies is not None:
+        # only the keys the config gave (`study` always): a default such as `bounds` (the attacks' box when absent)
+        # must stay absent, not become an explicit null
+        cfg["studies"] = [s.model_dump(exclude_unset=True) if hasattr(s, "model_dump") else s for s in studies]
+    elif cfg["studies"] is not None:
+        cfg["studies"] = [s if isinstance(s, Mapping) else {"study": s} for s in cfg["studies"]]
+    cfg["_dir"] = base_dir
     return cfg
 
 
-def study_model_name(spec: Mapping[str, Any]) -> str:
+def load_config(path: str | os.PathLike) -> dict[str, Any]:
+    """The config file, checked against the schema (:mod:`medadv.config_schema`), as a plain mapping.
+
+    Every section is there with its defaults filled in and its values normalised (budgets as floats,
+    ``task.type`` in its canonical spelling); ``_dir`` is the config's folder (relative paths start there).
+    Raises :class:`ConfigError` (one line per mistake) for a config that does not fit the schema.
+
+    The entries of ``studies:`` are given as written (a bare name as ``{study: name}``): each study's own schema
+    checks them in :class:`medadv.run.Plan` (``Plan.from_yaml(path).to_dict()`` is this mapping with the studies
+    checked), which is what ``medadv evaluate`` and ``medadv validate`` read.
+    """
+    p = Path(path)
+    conf = normalise_config(validate_config(read_config_file(p)))
+    return config_dict(conf, str(p.parent.resolve()))
+
+
+def study_model_name(spec: ModelSection | Mapping[str, Any]) -> str:
     """The name the studies know the config's ``model`` by: ``model.name``, else ``model``."""
-    return str(spec.get("name") or "model")
+    name = spec.name if isinstance(spec, ModelSection) else spec.get("name")
+    return str(name or "model")
 
 
-def study_models(cfg: Mapping[str, Any], model: nn.Module, base_dir: str | None = None, *, allow_code: bool = True,
-                 task: Task | None = None) -> dict[str, nn.Module]:
+def study_models(cfg: Config | Mapping[str, Any], model: nn.Module, base_dir: str | None = None, *,
+                 allow_code: bool = True, task: Task | None = None) -> dict[str, nn.Module]:
     """``{name: model}`` for the studies: the evaluated model first, then every entry of ``models`` built (and
-    trained, for entries with ``train``) on the evaluated model's device."""
-    out = {study_model_name(cfg["model"]): model}
+    trained, for entries with ``train``; with its ``train.defense`` in the data box of the config's ``threat``) on the
+    evaluated model's device. ``cfg``: a typed config or a loaded one (:func:`load_config`)."""
+    if isinstance(cfg, Config):
+        main_spec: Any = cfg.model
+        extra: Mapping[str, Any] = cfg.models or {}
+        inference: Any = cfg.inference
+        threat: Any = cfg.threat
+    else:
+        main_spec, extra, inference = cfg["model"], cfg.get("models") or {}, cfg.get("inference")
+        threat = cfg.get("threat")
+    out = {study_model_name(main_spec): model}
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    for name, spec in (cfg.get("models") or {}).items():
-        out[name] = wrap_inference(build_model(spec, base_dir, allow_code=allow_code, task=task),
-                                   cfg.get("inference")).to(device)
+    box = threat_box(threat, task) if task is not None and threat is not None else None
+    for name, spec in extra.items():
+        out[name] = wrap_inference(build_model(spec, base_dir, allow_code=allow_code, task=task, box=box),
+                                   inference).to(device)
     return out
-
-
-def _check_call(fn: Callable[..., Any], kwargs: Mapping[str, Any], where: str, skip: tuple[str, ...] = ()) -> None:
-    """Refuse keyword arguments ``fn`` does not take, naming the closest one it does."""
-    from .models.loading import check_kwargs
-
-    check_kwargs(fn, kwargs, where, required=False, skip=skip)
-
-
-def _module_exists(spec: str, where: str) -> tuple[str, str]:
-    mod, _, name = spec.partition(":")
-    try:
-        found = importlib.util.find_spec(mod) is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found or not name:
-        raise ConfigError([f"`{where}` {spec!r}: no module {mod!r} to import (give 'package.module:function' "
-                           "importable from here)" if not found else f"`{where}` {spec!r}: name the function "
-                           "after the colon, 'package.module:function'"])
-    return mod, name
-
-
-def _import(spec: str, where: str) -> Any:
-    mod, name = _module_exists(spec, where)
-    try:
-        return getattr(importlib.import_module(mod), name)
-    except AttributeError:
-        raise ConfigError([f"`{where}` {spec!r}: module {mod!r} has no {name!r}"]) from None
-
-
-def _relative(value: str, base_dir: str | None) -> Path:
-    path = Path(value)
-    return Path(base_dir) / path if base_dir and not path.is_absolute() else path
 
 
 def _existing_file(value: str, base_dir: str | None, where: str, what: str = "file") -> Path:
@@ -418,7 +333,7 @@ def _network(conf: ModelSection, base_dir: str | None, *, load: bool,
     file is read for its top-level names only, a ``package.module:function`` builder is looked at only
     if its module is already imported.
     """
-    from .models import loading
+    from ..models import loading
 
     kind, name = conf.network()
     where = f"`model.{kind}` {name!r}"
@@ -430,13 +345,13 @@ def _network(conf: ModelSection, base_dir: str | None, *, load: bool,
             return None
 
         def scripted() -> nn.Module:
-            from .models.io import load_torchscript
+            from ..models.io import load_torchscript
 
             return load_torchscript(path, "cpu", where="`model.torchscript`")
 
         return scripted
     if kind == "zoo":  # published weights from an installed package: no code named, so no allow_code needed
-        from .models import zoo
+        from ..models import zoo
 
         try:
             zoo.check_kwargs(name, kwargs)
@@ -473,7 +388,7 @@ def _network(conf: ModelSection, base_dir: str | None, *, load: bool,
             return None
         fn = _import(name, "model.builder")
     else:
-        from . import models
+        from .. import models
 
         builders = [n for n in getattr(models, "__all__", dir(models)) if callable(getattr(models, n, None))]
         if name.endswith(".py"):
@@ -494,14 +409,23 @@ def _network(conf: ModelSection, base_dir: str | None, *, load: bool,
     return functools.partial(loading.call_builder, fn, kwargs, where)
 
 
-def model_name(spec: Mapping[str, Any]) -> str:
+def model_section(spec: ModelSection | Mapping[str, Any], where: str = "model") -> ModelSection:
+    """``spec`` as a typed :class:`~medadv.config_schema.ModelSection`: one as it is, a mapping checked once here."""
+    if isinstance(spec, ModelSection):
+        return spec
+    if not isinstance(spec, Mapping):
+        raise ConfigError([f"`{where}` must be a mapping or a ModelSection; got {type(spec).__name__}"])
+    return validate_section(ModelSection, spec, tuple(where.split(".")))  # type: ignore[no-any-return]
+
+
+def model_name(spec: ModelSection | Mapping[str, Any]) -> str:
     """A short name of the configured network for reports: ``monai:UNet``, ``torchvision:resnet18``,
     ``builder:small_unet``, ``torchscript:model.pt``."""
-    kind, name = validate_section(ModelSection, spec, ("model",)).network()
+    kind, name = model_section(spec).network()
     return f"{kind}:{name}"
 
 
-def check_model(spec: Mapping[str, Any], base_dir: str | None = None, *, allow_code: bool = True) -> None:
+def check_model(spec: ModelSection | Mapping[str, Any], base_dir: str | None = None, *, allow_code: bool = True) -> None:
     """What :func:`build_model` would refuse, without building the model or running user code.
 
     The network's name resolves (MONAI/torchvision/medadv names with the closest valid one; a Python file
@@ -509,11 +433,13 @@ def check_model(spec: Mapping[str, Any], base_dir: str | None = None, *, allow_c
     nothing would download weights, the checkpoint / TorchScript files exist and, with ``allow_code``
     false, no code outside medadv/MONAI/torchvision and no Python file outside the config's folder is named.
     """
-    conf: ModelSection = validate_section(ModelSection, spec, ("model",))
+    conf = model_section(spec)
     _network(conf, base_dir, load=False, allow_code=allow_code)
     _checkpoint(conf, base_dir)
     if conf.train is not None:
-        _data_loader(conf.train.data.model_dump(), base_dir)
+        from .data import _data_loader
+
+        _data_loader(conf.train.data, base_dir)
 
 
 def _checkpoint(conf: ModelSection, base_dir: str | None) -> Path | None:
@@ -522,8 +448,8 @@ def _checkpoint(conf: ModelSection, base_dir: str | None) -> Path | None:
     return _existing_file(conf.checkpoint, base_dir, "model.checkpoint")
 
 
-def build_model(spec: Mapping[str, Any], base_dir: str | None = None, *, seed: int | None = None,
-                allow_code: bool = True, task: Task | None = None) -> nn.Module:
+def build_model(spec: ModelSection | Mapping[str, Any], base_dir: str | None = None, *, seed: int | None = None,
+                allow_code: bool = True, task: Task | None = None, box: Box | None = None) -> nn.Module:
     """The configured network in eval mode, with the checkpoint's weights when one is given.
 
     The network is built with torch's CPU random generator seeded with ``seed`` (else ``model.seed``, which
@@ -538,12 +464,15 @@ def build_model(spec: Mapping[str, Any], base_dir: str | None = None, *, seed: i
     running code already.
 
     With ``model.train`` the network is then fitted to that data with ``task``'s loss (required then), or its
-    trained weights are loaded from medadv's cache (:func:`trained_weights`).
+    trained weights are loaded from medadv's cache (:func:`trained_weights`); ``box`` is the data box that a
+    ``train.defense`` trains in (:func:`threat_box` of the config's ``threat``).
     """
-    from .models.io import load_checkpoint
-    from .offline import no_network
+    from ..models.io import load_checkpoint
+    from ..offline import no_network
 
-    conf: ModelSection = validate_section(ModelSection, spec, ("model",))
+    conf = model_section(spec)
+    if box is not None and not isinstance(box, Box):
+        raise TypeError(f"`box` must be a medadv.threats.Box or None; got {type(box).__name__}")
     path = _checkpoint(conf, base_dir)  # a missing file is found before any user code runs
     make = _network(conf, base_dir, load=True, allow_code=allow_code)
     assert make is not None
@@ -556,7 +485,7 @@ def build_model(spec: Mapping[str, Any], base_dir: str | None = None, *, seed: i
     if conf.train is not None:
         if task is None:
             raise ValueError("`model.train` needs the task whose loss it minimises: pass `task=`")
-        trained_weights(model, conf, task, base_dir, seed)
+        trained_weights(model, conf, task, base_dir, seed, box=box)
     elif path is None and conf.torchscript is None and conf.zoo is None:  # a zoo model has its weights
         kind, name = conf.network()
         warnings.warn(f"model {kind} {name!r} has no `checkpoint`: its weights are random, drawn with seed {seed} "
@@ -565,22 +494,28 @@ def build_model(spec: Mapping[str, Any], base_dir: str | None = None, *, seed: i
     return model.eval()
 
 
-def trained_weights(model: nn.Module, conf: ModelSection, task: Task, base_dir: str | None, seed: int) -> Path:
+def trained_weights(model: nn.Module, conf: ModelSection, task: Task, base_dir: str | None, seed: int, *,
+                    box: Box | None = None) -> Path:
     """Fit ``model`` in place as ``conf.train`` says, or load the weights a previous run cached; returns the file.
 
-    The cache key hashes the network section (without ``train``/``name``), the task, the ``train`` section, the
-    initial-weights seed and the checkpoint file's bytes, so a change to any of them trains anew."""
+    Without ``train.defense`` the network is fitted with the task's loss (:func:`~medadv.training.fit_supervised`);
+    with one, by :class:`~medadv.defenses.trainer.AdversarialTrainer` with that strategy
+    (:func:`medadv.defenses.strategies.build_strategy`: an ε-ball strategy trains in the L∞ ball of its ``eps`` on
+    ``box``, which MPAdvT and VAFT need too). The cache key hashes the network section (without ``train``/``name``),
+    the task, the ``train`` section (its defense included), the initial-weights seed and the checkpoint file's bytes,
+    so a change to any of them trains anew."""
     import hashlib
     import json
 
-    from .data.save import safe_name
-    from .models.io import cache_dir, load_checkpoint, save_checkpoint
-    from .training.supervised import fit_supervised
+    from ..data.save import safe_name
+    from ..models.io import cache_dir, load_checkpoint, save_checkpoint
 
     tr = conf.train
     assert tr is not None
+    strategy = _defense_strategy(tr.defense, box)  # a strategy that cannot be built is refused before any training
     net = conf.model_dump(exclude={"train", "name"})
     ckpt = _checkpoint(conf, base_dir)
+    # without a defense the section dumps as it did before `defense` existed: weights cached then still load
     key = json.dumps({"net": net, "task": repr(task), "train": tr.model_dump(mode="json"), "seed": seed,
                       "checkpoint": hashlib.sha256(ckpt.read_bytes()).hexdigest() if ckpt else None},
                      sort_keys=True, default=str)
@@ -590,12 +525,41 @@ def trained_weights(model: nn.Module, conf: ModelSection, task: Task, base_dir: 
     if tr.cache and path.is_file():
         load_checkpoint(path, model, where=f"the cached weights {path}")
         return path
-    x, y = build_data(tr.data.model_dump(), base_dir)
+    x, y = build_data(tr.data, base_dir)
     x, y = x.to(next((p.device for p in model.parameters()), x.device)), y.to(x.device)
-    fit_supervised(model, task, x, y, epochs=tr.epochs, batch_size=tr.batch_size, lr=tr.lr, seed=tr.seed)
+    if strategy is None:
+        from ..training.supervised import fit_supervised
+
+        fit_supervised(model, task, x, y, epochs=tr.epochs, batch_size=tr.batch_size, lr=tr.lr, seed=tr.seed)
+    else:
+        from ..defenses.trainer import AdversarialTrainer
+        from ..runtime import model_device
+
+        dev = model_device(model, x.device)
+        # a layer's own draws (dropout) use the global RNG: forked and seeded, so the same section gives the same
+        # weights, and the caller's random stream is not advanced
+        with torch.random.fork_rng(devices=[dev.index or 0] if dev.type == "cuda" else []):
+            torch.manual_seed(tr.seed)
+            AdversarialTrainer(model, task, strategy, epochs=tr.epochs, batch_size=tr.batch_size, lr=tr.lr,
+                               seed=tr.seed).fit(x, y)
     if tr.cache:
         save_checkpoint(path, model, key=key)
     return path
+
+
+def _defense_strategy(entry: Mapping[str, Any] | None, box: Box | None) -> Any:
+    """The training strategy of ``model.train.defense`` (``None``: plain training), on the data box ``box``."""
+    if entry is None:
+        return None
+    from ..defenses.strategies import build_strategy
+
+    try:
+        return build_strategy(entry, threat=None, box=box)
+    except ValueError as e:
+        why = str(e)
+        if box is None and "box" in why:  # from Python: the config's `threat.bounds` is not known here
+            why = f"strategy {entry['name']!r} needs the data box: pass `box=` (config.threat_box(threat, task))"
+        raise ConfigError([f"`model.train.defense`: {why}"]) from None
 
 
 def _task_from_code(spec: str, allow_code: bool) -> type[Task]:
@@ -609,22 +573,33 @@ def _task_from_code(spec: str, allow_code: bool) -> type[Task]:
     return cls
 
 
-def task_class_of(spec: Mapping[str, Any], *, allow_code: bool = True) -> type[Task]:
+def task_section(spec: BaseModel | Mapping[str, Any]) -> BaseModel:
+    """The ``task:`` section typed (one of :data:`~medadv.config_schema.TaskSection`'s models as it is; a mapping
+    checked once here)."""
+    if isinstance(spec, BaseModel):
+        return spec
+    if not isinstance(spec, Mapping):
+        raise ConfigError([f"`task` must be a mapping or a task section; got {type(spec).__name__}"])
+    return validate_section(TaskSection, spec, ("task",))  # type: ignore[no-any-return]
+
+
+def task_class_of(spec: BaseModel | Mapping[str, Any], *, allow_code: bool = True) -> type[Task]:
     """The task class the ``task:`` section names (a registered kind or, with ``allow_code``, a dotted path)."""
-    conf = validate_section(TaskSection, spec, ("task",))
+    conf: Any = task_section(spec)
     if isinstance(conf, CustomTask) and is_code_path(conf.type):
         return _task_from_code(conf.type, allow_code)
     return task_class(conf.type)
 
 
-def build_task(spec: Mapping[str, Any], *, allow_code: bool = True) -> Task:
+def build_task(spec: BaseModel | Mapping[str, Any], *, allow_code: bool = True) -> Task:
     """The task of a ``task:`` section: ``type`` is a registered kind (``medadv tasks`` lists them) or a Task class
     by dotted path (``package.module:Class``; code outside medadv only with ``allow_code``); the other keys are the
     class's parameters, checked against its schema (:meth:`~medadv.tasks.Task.config_schema`)."""
-    cls = task_class_of(spec, allow_code=allow_code)
-    conf = validate_section(TaskSection, spec, ("task",))
-    if isinstance(conf, CustomTask):
-        named = {**dict(spec), "type": cls.name} if cls.name in available_tasks() else dict(spec)
+    conf: Any = task_section(spec)
+    cls = task_class_of(conf, allow_code=allow_code)
+    if isinstance(conf, CustomTask):  # a class named by path, or a kind with a schema of its own: its keys checked now
+        given = dict(spec) if isinstance(spec, Mapping) else conf.model_dump(exclude_unset=True)
+        named = {**given, "type": cls.name} if cls.name in available_tasks() else given
         conf = validate_section(cls.config_schema(), named, ("task",))
     kw = conf.model_dump(exclude={"type", "class_names"})  # class names are for the report
     try:
@@ -633,159 +608,58 @@ def build_task(spec: Mapping[str, Any], *, allow_code: bool = True) -> Task:
         raise ConfigError([f"`task`: {e}"]) from None
 
 
-def _label_source(task: Mapping[str, Any]) -> str | None:
+def _get(section: Any, key: str) -> Any:
+    """A key of a section, typed (an attribute; absent: None) or a loaded mapping."""
+    return section.get(key) if isinstance(section, Mapping) else getattr(section, key, None)
+
+
+def _label_source(task: Any) -> str | None:
     """The ``label_source`` of a registered kind named by ``task.type`` (``None`` for classes named by path)."""
     try:
-        return task_class(str(task.get("type"))).label_source
+        return task_class(str(_get(task, "type"))).label_source
     except InvalidParameterError:
         return None
 
 
-def class_names(cfg: Mapping[str, Any]) -> list[str] | None:
-    """The names of the classes / labels of a loaded config (:func:`load_config`), for the report.
+def class_names(cfg: Config | Mapping[str, Any], base_dir: str | None = None) -> list[str] | None:
+    """The names of the classes / labels of a config (typed, relative paths from ``base_dir``; or loaded by
+    :func:`load_config`, from its ``_dir``), for the report.
 
     ``task.class_names`` when given; else the label columns of a multi-label ``csv`` source (its
     ``label_columns``, or every column but the image and id columns), or the tissue names of the built-in
     ``mni152`` source for a 4-class segmentation; else None (the report shows indices). A multi-label CSV
     whose label columns are not as many as the ``class_names`` given is a :class:`ConfigError`.
     """
-    task, data = cfg["task"], cfg["data"]
-    given = task.get("class_names")
+    if isinstance(cfg, Config):
+        task, data = cfg.task, cfg.data
+    else:
+        task, data, base_dir = cfg["task"], cfg["data"], cfg.get("_dir")
+    given = _get(task, "class_names")
     source = _label_source(task)
-    if source == "vector" and data.get("source") == "csv" and data.get("label_column") is None:
-        columns = data.get("label_columns")
+    if source == "vector" and _get(data, "source") == "csv" and _get(data, "label_column") is None:
+        columns = _get(data, "label_columns")
         if columns is None:
             import csv
 
-            path = _relative(str(data["path"]), cfg.get("_dir"))
+            path = _relative(str(_get(data, "path")), base_dir)
             try:
                 with path.open(newline="", encoding="utf-8-sig") as f:  # a byte-order mark is no column name
                     header = next(csv.reader(f), [])
             except (OSError, ValueError):  # check_data names a missing or undecodable CSV
                 header = []
-            columns = [c for c in header if c not in (data.get("image_column"), data.get("id_column"))] or None
+            columns = [c for c in header if c not in (_get(data, "image_column"), _get(data, "id_column"))] or None
         if columns is not None and given is not None and len(given) != len(columns):
             raise ConfigError([f"`task.class_names` lists {len(given)} names for the {len(columns)} label columns "
                                f"of `data` ({', '.join(columns)})"])
         return list(given or columns or []) or None
-    if given is None and data.get("source") == "mni152" and source == "map" and task.get("num_classes") == 4:
-        from .data.mni152 import TISSUE_CLASSES
+    if given is None and _get(data, "source") == "mni152" and source == "map" and _get(task, "num_classes") == 4:
+        from ..data.mni152 import TISSUE_CLASSES
 
         return list(TISSUE_CLASSES)
     return list(given) if given is not None else None
 
 
-
-def _data_loader(spec: Mapping[str, Any], base_dir: str | None) -> Callable[[], tuple[Tensor, Tensor]]:
-    """Check a built-in ``data`` section (names, files, arrays present) and return what loads it."""
-    conf: Mni152Data | SyntheticData | NpzData = validate_section(DataSection, spec, ("data",))
-    if isinstance(conf, FilesData | DatalistData | CsvData):
-        raise ConfigError([f"`data.source: {conf.source}` streams cases from files: use build_loader(), which "
-                           "returns a DataLoader of dict batches"])
-    if isinstance(conf, NpzData):
-        from .data.npz import npz_loader
-
-        # every check of the archive (0 cases, damaged, complex) lives with the data sources
-        return npz_loader(_relative(conf.path, base_dir), conf.n)
-    kw = dict(conf.kwargs)
-    fn: Callable[..., tuple[Tensor, Tensor]]
-    if isinstance(conf, SyntheticData):
-        from .data import synthetic
-
-        kinds = ("segmentation_blobs", "multiclass_blobs", "multilabel_blobs")
-        kind = kw.pop("kind", "segmentation_blobs")
-        if kind not in kinds:
-            c = closest(str(kind), kinds)
-            raise ConfigError([f"`data.kwargs.kind` must be one of {', '.join(map(repr, kinds))}; got {kind!r}"
-                               + (f"; did you mean {c!r}?" if c else "")])
-        fn = getattr(synthetic, kind)
-    else:
-        from .data import mni152
-
-        kind = kw.pop("kind", "patches")
-        if kind not in mni152.KINDS:
-            c = closest(str(kind), list(mni152.KINDS))
-            raise ConfigError([f"`data.kwargs.kind` must be one of {', '.join(map(repr, mni152.KINDS))}; got {kind!r}"
-                               + (f"; did you mean {c!r}?" if c else "")])
-        fn = mni152.KINDS[kind]
-    _check_call(fn, kw, "data.kwargs", skip=("n",))
-    n = conf.n
-    return lambda: fn(n=n, **kw)
-
-
-def _file_source(spec: Mapping[str, Any]) -> FilesData | DatalistData | CsvData | None:
-    conf = validate_section(DataSection, spec, ("data",))
-    return conf if conf.source in FILE_SOURCES else None
-
-
-def check_data(spec: Mapping[str, Any], base_dir: str | None = None, task: Task | None = None, *,
-               allow_code: bool = True) -> None:
-    """What :func:`build_loader` would refuse, without reading an image or an array.
-
-    Built-in sources: the names, keyword arguments and files. File sources (``files``, ``datalist``,
-    ``csv``): the files exist, the labels fit ``task``, and the MONAI transforms resolve, take the
-    arguments given and name keys the cases have (:func:`medadv.data.sources.check_source`); with
-    ``allow_code`` false, no transform runs code or writes files (:data:`CODE_TRANSFORM_ARGS`, a ``reader``
-    that is not one of MONAI's by name).
-    """
-    _allow_transforms(spec, allow_code)  # before any transform is built: building one may import and call code
-    conf = _file_source(spec)
-    if conf is None:
-        _data_loader(spec, base_dir)
-        return
-    from .data.sources import check_source
-
-    check_source(conf, base_dir, task.label_source if task is not None else None)
-
-
-def build_data(spec: Mapping[str, Any], base_dir: str | None = None) -> tuple[Tensor, Tensor]:
-    """The ``(x, y)`` tensors of a built-in source (``mni152``, ``synthetic``, ``npz``); for any source,
-    :func:`build_loader` streams batches."""
-    return _data_loader(spec, base_dir)()
-
-
-def build_loader(spec: Mapping[str, Any], base_dir: str | None = None, *, batch_size: int = 8,
-                 task: Task | None = None, seed: int = 0, allow_code: bool = True) -> Iterable[Any]:
-    """The configured data as an iterable of batches, in a fixed order.
-
-    File sources stream MONAI-collated dict batches (``image``, ``label``, ``case_id``; see
-    :mod:`medadv.data.sources`) through a ``DataLoader``: only one batch is read at a time. Built-in
-    sources give ``(x, y)`` tensor batches. ``allow_code`` false refuses transforms that run code or write
-    files (:func:`check_data`).
-    """
-    _allow_transforms(spec, allow_code)
-    conf = _file_source(spec)
-    if conf is not None:
-        from .data.sources import make_loader
-
-        return make_loader(conf, base_dir, batch_size=batch_size, label_source=task.label_source if task is not None else None,
-                           seed=seed)
-    x, y = build_data(spec, base_dir)
-    if task is not None:  # class indices and label maps are integers: refused before any batch is attacked
-        from .data.npz import check_integer_labels
-
-        check_integer_labels(y, spec, task.label_source)
-    return [(x[i: i + batch_size], y[i: i + batch_size]) for i in range(0, x.shape[0], batch_size)]
-
-
-def data_identity(spec: Mapping[str, Any], base_dir: str | None = None) -> Any:
-    """What identifies the data beyond the config: ``[path, size, mtime_ns]`` of every file read (the
-    cases of a file source and their datalist/CSV, an ``.npz``); built-in sources are their settings."""
-    conf = _file_source(spec)
-    if conf is not None:
-        from .data.sources import data_identity as files_identity
-
-        return files_identity(conf, base_dir)
-    npz = validate_section(DataSection, spec, ("data",))
-    if isinstance(npz, NpzData):
-        path = _relative(npz.path, base_dir)
-        if path.is_file():
-            st = path.stat()
-            return [[str(path.resolve()), st.st_size, st.st_mtime_ns]]
-    return []
-
-
-def wrap_inference(model: nn.Module, spec: Mapping[str, Any] | None) -> nn.Module:
+def wrap_inference(model: nn.Module, spec: InferenceSection | Mapping[str, Any] | None) -> nn.Module:
     """``model`` behind MONAI sliding-window inference when the config has an ``inference`` section.
 
     The wrapper (:class:`medadv.models.sliding.SlidingWindow`) takes whole volumes: attacks perturb the
@@ -793,9 +667,10 @@ def wrap_inference(model: nn.Module, spec: Mapping[str, Any] | None) -> nn.Modul
     """
     if spec is None:
         return model
-    from .models.sliding import SlidingWindow
+    from ..models.sliding import SlidingWindow
 
-    conf: InferenceSection = validate_section(InferenceSection, spec, ("inference",))
+    conf: InferenceSection = spec if isinstance(spec, InferenceSection) else \
+        validate_section(InferenceSection, spec, ("inference",))
     return SlidingWindow(model, conf.roi_size, overlap=conf.overlap, mode=conf.mode,
                          sw_batch_size=conf.sw_batch_size, checkpoint=conf.checkpoint)
 
@@ -810,7 +685,7 @@ def config_fingerprint(cfg: Mapping[str, Any]) -> str:
     ``output``, the data's identity (:func:`data_identity`) and the size and modification time of the
     model's files (checkpoint, TorchScript, Python builder). ``medadv evaluate`` resumes into an output
     folder only when it holds results of the same fingerprint."""
-    from .params import stable_hash
+    from ..params import stable_hash
 
     base = cfg.get("_dir")
     # what only changes the report (class names, how many cases it draws) does not change the results
@@ -836,6 +711,14 @@ def _box(spec: ThreatSection, task: Task) -> Box:
     return box
 
 
+def threat_box(spec: ThreatSection | Mapping[str, Any], task: Task) -> Box:
+    """The data box of a config's ``threat:`` section (typed, or a mapping checked here): ``threat.bounds`` as the
+    task's inputs need it (:meth:`~medadv.tasks.Task.input_box`), what the attacks and a ``model.train.defense`` run
+    in."""
+    conf = spec if isinstance(spec, ThreatSection) else validate_section(ThreatSection, spec, ("threat",))
+    return _box(conf, task)
+
+
 def _threat(spec: ThreatSection, eps: float, task: Task, allow_large: bool = False) -> Threat:
     with warnings.catch_warnings():
         if allow_large:  # the config opted in (`allow_large_budgets: true`): no warning on top
@@ -853,32 +736,52 @@ def _relative_paths(value: Any, base_dir: str | None) -> Any:
     return value
 
 
-def build_attacks(cfg: Mapping[str, Any], task: Task) -> dict[str, Attack]:
+def build_attacks(cfg: Config | AttackPlan | Mapping[str, Any], task: Task, *,
+                  base_dir: str | None = None) -> dict[str, Attack]:
     """Every attack of the config, by label.
 
     Ball attacks (``threat_kind`` "ball" or "ball_or_box") get one instance per entry of ``budgets`` on
     the ``threat`` ball, named ``label@budget``; box attacks (``threat_kind`` "box") get the threat's data
-    box once, named ``label`` (their budget is ``None``). ``label`` defaults to the attack's name. The
+    box once, named ``label`` (their budget is ``None``). ``label`` defaults to the attack's name. An entry's
+    ``norm`` (``linf``/``l2``) puts that entry's budgets on a ball of that norm instead of ``threat.norm`` (the
+    uncapped L2 DeepFool, ``{name: deepfool, norm: l2, budgets: [100]}``, beside L∞ FGSM), except for an attack
+    that declares a ``norm`` parameter of its own (DAG), which gets it as that parameter. The
     other keys of an entry are the attack's parameters (validated by its declarations; an unknown key is
     an error naming the closest valid parameter).
+
+    ``cfg`` is a typed :class:`~medadv.config_schema.Config` (or ``AttackPlan``), component files relative to
+    ``base_dir``, or a mapping (a loaded config: ``base_dir`` defaults to its ``_dir``), checked once here.
     """
-    plan: AttackPlan = validate_section(AttackPlan, cfg)
+    plan = attack_plan(cfg)
+    if base_dir is None and isinstance(cfg, Mapping):
+        base_dir = cfg.get("_dir")
     box = _box(plan.threat, task)
     out: dict[str, Attack] = {}
     for entry in plan.attacks:
         cls = attack_class(entry.name)  # an unknown name gets the closest registered one
         # to run one attack with two settings, give each entry an `id` (or a `label`)
         label, params = entry.entry_name(cls.param_names(), cls.name)
-        params = {k: _relative_paths(v, cfg.get("_dir")) for k, v in params.items()}
+        params = {k: _relative_paths(v, base_dir) for k, v in params.items()}
         made: dict[str, Threat | Box]
         if cls.threat_kind == "box":
+            if entry.threat_norm(cls.param_names()) is not None:
+                raise ConfigError([f"`attacks` entry {label!r}: `norm` sets the norm of an ε-ball, and {cls.name} runs "
+                                   "on the data box (no ball): leave `norm` out"])
             made = {label: box}
         else:
-            budgets = list(entry.budgets) if entry.budgets is not None else plan.budget_list()
+            budgets = list(entry.budgets) if entry.budgets is not None else AttackPlan.budget_list(plan)  # type: ignore[arg-type]
             if budgets is None:
                 raise ConfigError([f"`attacks` entry {label!r} needs an ε: give `budgets: [...]` (or `threat.eps`) "
                                    "in data units, e.g. budgets: [8/255]"])
-            made = {f"{label}@{eps:.6g}": _threat(plan.threat, eps, task, plan.allow_large_budgets) for eps in budgets}
+            threat_spec = plan.threat
+            norm = entry.threat_norm(cls.param_names())
+            if norm is not None and norm != threat_spec.norm:  # this entry's own ball (DeepFool in L2 beside FGSM in L∞)
+                ball = "Linf" if norm == "linf" else "L2"
+                if ball not in cls.norms:
+                    raise ConfigError([f"`attacks` entry {label!r}: `norm: {norm}`, and {cls.name} runs only in "
+                                       f"{' or '.join(cls.norms)} balls"])
+                threat_spec = threat_spec.model_copy(update={"norm": norm})
+            made = {f"{label}@{eps:.6g}": _threat(threat_spec, eps, task, plan.allow_large_budgets) for eps in budgets}
         for key, threat in made.items():
             if key in out:
                 raise ConfigError([f"two `attacks` entries are both called {label!r}; give them distinct `id`s"])
@@ -893,114 +796,3 @@ def build_attacks(cfg: Mapping[str, Any], task: Task) -> dict[str, Attack]:
     return out
 
 
-# --- targets of targeted attacks ---------------------------------------------------------------------------------
-def _named(fn: TargetFn, name: str) -> TargetFn:
-    # evaluate() puts the target function's name in the resume fingerprint: give each kind its own
-    fn.__qualname__ = fn.__name__ = name
-    return fn
-
-
-def build_target_fn(spec: str | None, task: Task, *, allow_code: bool = True) -> TargetFn | None:
-    """``target_fn(x, y, clean_logits) -> target`` for targeted attacks, from the config's ``target``.
-
-    * ``background``: class 0 everywhere (segmentation: an all-background map, DAG's type-A target;
-      multi-class: class 0; multi-label: no label);
-    * ``least_likely``: the clean prediction's least-likely class (per voxel for segmentation, the
-      flipped prediction of every label for multi-label);
-    * ``dag_b``, ``dag_c`` (segmentation): Paschali et al.'s DAG targets from the true label map: type B
-      (:func:`~medadv.attacks.dag.dag_target_b`: 5 % of the foreground voxels to one other foreground class,
-      drawn with a generator seeded per call, so every run draws the same) and type C
-      (:func:`~medadv.attacks.dag.dag_target_c`: class 1 grown by 6 steps of the cross element over the other
-      foreground classes); type A is ``background``;
-    * ``package.module:function``: your own ``function(x, y, clean_logits) -> target`` (outside medadv,
-      MONAI and torchvision only with ``allow_code``).
-    """
-    if spec is None:
-        return None
-    if not isinstance(spec, str):
-        raise ValueError(f"`target` must be background, least_likely or 'package.module:function', got {spec!r}")
-    if ":" in spec:
-        _allow_target(spec, allow_code)  # from the text, before finding the module imports its package
-        _module_exists(spec, "target")
-        return _import(spec, "target")
-    kind = spec.lower()
-    if kind == "background":
-        def background(x: Tensor, y: Tensor, logits: Tensor) -> Tensor:
-            return torch.zeros_like(y)
-
-        return _named(background, "target:background")
-    if kind == "least_likely":
-        if not task.class_scores:  # values (regression) have no least-likely class: refused before any work
-            raise ValueError(f"`target: least_likely` needs class scores, and the outputs of {task!r} are values: "
-                             "give your own `target: package.module:function`")
-
-        def least_likely(x: Tensor, y: Tensor, logits: Tensor) -> Tensor:
-            return task.least_likely(logits).to(y.dtype)
-
-        return _named(least_likely, "target:least_likely")
-    if kind in ("dag_b", "dag_c"):
-        if not task.spatial_labels:
-            raise ValueError(f"`target: {kind}` is a DAG target (Paschali et al.) made from a label map: it needs a "
-                             f"segmentation task, got {task!r}; use background or least_likely")
-        from .attacks.dag import dag_target_b, dag_target_c
-
-        if kind == "dag_b":
-            def dag_b(x: Tensor, y: Tensor, logits: Tensor) -> Tensor:
-                return dag_target_b(y, generator=torch.Generator().manual_seed(0))[0]
-
-            return _named(dag_b, "target:dag_b")
-
-        def dag_c(x: Tensor, y: Tensor, logits: Tensor) -> Tensor:
-            return dag_target_c(y, cls=1)[0]
-
-        return _named(dag_c, "target:dag_c")
-    c = closest(kind, TARGET_KINDS)
-    hint = f"; did you mean {c!r}?" if c else ""
-    raise ValueError(f"`target` must be one of {', '.join(TARGET_KINDS)} or 'package.module:function', got "
-                     f"{spec!r}{hint}")
-
-
-#: the built-in ``target`` kinds (:func:`build_target_fn`)
-TARGET_KINDS = ("background", "least_likely", "dag_b", "dag_c")
-
-
-def build_target_fns(cfg: Mapping[str, Any], task: Task, attacks: Mapping[str, Attack], *,
-                     allow_code: bool = True) -> TargetFn | dict[str, TargetFn] | None:
-    """The config's ``target`` function, or ``{attack name: fn}`` when an ``attacks`` entry gives its own
-    ``target`` (the others keep the config's). What :func:`medadv.evaluate` takes as ``target_fn``."""
-    plan: AttackPlan = validate_section(AttackPlan, cfg)
-    default = build_target_fn(cfg.get("target"), task, allow_code=allow_code)
-    own = {}
-    for entry in plan.attacks:
-        if entry.target is None:
-            continue
-        cls = attack_class(entry.name)
-        label, _ = entry.entry_name(cls.param_names(), cls.name)
-        own[label] = build_target_fn(entry.target, task, allow_code=allow_code)
-    if not own:
-        return default
-    out: dict[str, TargetFn] = {}
-    for key in attacks:
-        fn = own.get(entry_label(key), default)
-        if fn is not None:
-            out[key] = fn
-    return out
-
-
-def check_target(spec: str | None, task: Task, *, allow_code: bool = True) -> None:
-    """What :func:`build_target_fn` would refuse, without importing a user module."""
-    if isinstance(spec, str) and ":" in spec:
-        _allow_target(spec, allow_code)  # from the text, before finding the module imports its package
-        _module_exists(spec, "target")
-    else:
-        build_target_fn(spec, task)
-
-
-def check_targets(attacks: Mapping[str, Attack], target: str | None,
-                  own: Mapping[str, Any] | None = None) -> None:
-    """Targeted attacks need a ``target`` in the config (or their entry's own, ``own``: a :func:`build_target_fns`
-    mapping)."""
-    targeted = [k for k, a in attacks.items() if (a.targeted or a.always_targeted) and not (own and k in own)]
-    if targeted and target is None:
-        raise ConfigError([f"attack(s) {', '.join(targeted)} are targeted; give "
-                           "`target: background | least_likely | package.module:function` in the config"])
