@@ -110,10 +110,13 @@ def _seeded(seed: int | None, key: str, device: torch.device) -> Iterator[None]:
     if seed is None:
         yield
         return
+    from .attack_cache import seed_tag
+
     value = int(hashlib.sha256(f"{int(seed)}:{key}".encode()).hexdigest()[:15], 16)
     cuda = device.type == "cuda"
     index = (device.index if device.index is not None else torch.cuda.current_device()) if cuda else None
-    with torch.random.fork_rng(devices=[index] if index is not None else []):
+    # the seed tags the block's crafts: the attack-once cache keys attacks without their own seed by it
+    with torch.random.fork_rng(devices=[index] if index is not None else []), seed_tag(int(seed)):
         torch.default_generator.manual_seed(value)
         if index is not None:
             with torch.cuda.device(index):

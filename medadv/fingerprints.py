@@ -9,11 +9,15 @@ releases: the rows of old logs keep their fingerprints.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
+import types
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -50,46 +54,170 @@ def weights_hash(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def _tensor_state(t: Tensor) -> tuple[Any, ...] | None:
-    """What identifies a tensor's current content without reading it: object, storage, in-place version.
-    ``None`` for tensors without a version counter (inference tensors, uninitialised lazy parameters)."""
-    try:
-        return (id(t), t.data_ptr(), t._version, tuple(t.shape), str(t.dtype), str(t.device))
-    except (RuntimeError, ValueError, NotImplementedError):
-        return None
+#: what every ``nn.Module`` keeps in its ``__dict__`` (weights, submodules, hook tables, the mode): not a setting
+_MODULE_INTERNALS = frozenset(vars(nn.Module())) | {"training"}
+_DEPTH = 8  # how deep a module attribute is described (a deeper one is not keyed: behaviour unknown)
+
+
+class _Unkeyable(Exception):
+    """A model whose behaviour cannot be described (an uninitialised lazy weight, a cycle too deep)."""
+
+
+def _checksums(tensors: Sequence[Tensor]) -> tuple[tuple[int, int], ...]:
+    """Each tensor's content checksum (:func:`device_checksum` of the whole tensor as one sample), reduced on
+    its own device and copied to the host once per device (not once per tensor)."""
+    by_device: dict[torch.device, list[tuple[int, Tensor]]] = {}
+    for i, t in enumerate(tensors):
+        try:
+            flat = t.detach().reshape(1, -1)
+        except (RuntimeError, ValueError, NotImplementedError) as e:  # lazy weights not materialised yet
+            raise _Unkeyable(str(e)) from None
+        by_device.setdefault(flat.device, []).append((i, device_checksum(flat)))
+    out: list[tuple[int, int]] = [(0, 0)] * len(tensors)
+    for parts in by_device.values():
+        host = torch.cat([c for _, c in parts]).cpu().tolist()
+        for (i, _), row in zip(parts, host, strict=True):
+            out[i] = (int(row[0]), int(row[1]))
+    return tuple(out)
+
+
+def _callable_name(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
+
+
+def _describe(v: Any, root: dict[int, str], tensors: list[Tensor], depth: int, seen: frozenset[int]) -> Any:
+    """A JSON-able description of a module attribute or hook: what decides the module's behaviour besides its
+    registered weights. Tensors are appended to ``tensors`` (their content goes into the checksum pass); an
+    object that has nothing better than its ``repr`` keeps it (with ``" at 0x"``: the cache then does not key
+    the call)."""
+    if v is None or isinstance(v, bool | int | str):
+        return v
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, Tensor):
+        tensors.append(v)
+        return {"tensor": list(v.shape), "dtype": str(v.dtype), "index": len(tensors) - 1}
+    if isinstance(v, torch.device | torch.dtype):
+        return str(v)
+    if depth > _DEPTH or id(v) in seen:
+        raise _Unkeyable("an attribute nested too deep or referring to itself")
+    seen = seen | {id(v)}
+    d = depth + 1
+    if isinstance(v, nn.Module):
+        if id(v) in root:  # a submodule of the model (its own state is described on its own)
+            return {"submodule": root[id(v)]}
+        # a module held outside the model's registered tree (in a list, a closure): its weights count too
+        return {"module": [[name, _callable_name(type(m)), _describe_module(m, root, tensors, d, seen | {id(m)}),
+                            {k: _describe(t, root, tensors, d, seen) for k, t in m.state_dict(keep_vars=True).items()}]
+                           for name, m in v.named_modules()]}
+    if isinstance(v, np.ndarray):  # its repr is abridged: by content
+        a = np.ascontiguousarray(v)
+        return {"ndarray": list(a.shape), "dtype": str(a.dtype),
+                "sha": hashlib.sha256(a.tobytes() if a.dtype != object else repr(a.tolist()).encode()).hexdigest()}
+    if isinstance(v, Mapping):
+        return {"map": [[_describe(k, root, tensors, d, seen), _describe(x, root, tensors, d, seen)]
+                        for k, x in v.items()]}
+    if isinstance(v, list | tuple | set | frozenset):
+        items = sorted(v, key=repr) if isinstance(v, set | frozenset) else v
+        return {type(v).__name__: [_describe(x, root, tensors, d, seen) for x in items]}
+    if isinstance(v, functools.partial):
+        return {"partial": _describe(v.func, root, tensors, d, seen), "args": _describe(v.args, root, tensors, d, seen),
+                "keywords": _describe(v.keywords, root, tensors, d, seen)}
+    if isinstance(v, types.MethodType):
+        return {"method": _callable_name(v.__func__), "self": _describe(v.__self__, root, tensors, d, seen)}
+    if isinstance(v, types.FunctionType):  # its code and what it closes over or defaults to
+        cells = [c.cell_contents for c in (v.__closure__ or ()) if c.cell_contents is not v]
+        return {"function": _callable_name(v), "code": hashlib.sha256(v.__code__.co_code).hexdigest()[:16],
+                "closure": _describe(cells, root, tensors, d, seen),
+                "defaults": _describe(v.__defaults__ or (), root, tensors, d, seen),
+                "kwdefaults": _describe(v.__kwdefaults__ or {}, root, tensors, d, seen)}
+    if isinstance(v, type | types.BuiltinFunctionType | types.ModuleType):
+        return {"name": _callable_name(v) if not isinstance(v, types.ModuleType) else v.__name__}
+    fp = getattr(v, "fingerprint", None)
+    if callable(fp) and not isinstance(v, type):
+        try:
+            return {"class": _callable_name(type(v)), "fingerprint": fp()}
+        except TypeError:
+            pass
+    state = getattr(v, "__dict__", None)
+    if isinstance(state, dict):  # a plain object (a task, a window setting): its class and every attribute
+        return {"class": _callable_name(type(v)), "state": _describe(state, root, tensors, d, seen)}
+    return repr(v)
+
+
+def _describe_module(m: nn.Module, root: dict[int, str], tensors: list[Tensor], depth: int,
+                     seen: frozenset[int]) -> Any:
+    """A module's plain attributes, non-persistent buffers and forward (pre-)hooks; ``training`` is left out
+    (attacks run the model in eval mode)."""
+    attrs = {k: _describe(v, root, tensors, depth, seen) for k, v in sorted(vars(m).items())
+             if k not in _MODULE_INTERNALS}
+    buffers = {k: _describe(b, root, tensors, depth, seen) for k, b in m._buffers.items()
+               if b is not None and k in m._non_persistent_buffers_set}
+    hooks = {name: [_describe(h, root, tensors, depth, seen) for h in getattr(m, name, {}).values()]
+             for name in ("_forward_pre_hooks", "_forward_hooks")}
+    return {"attributes": attrs, "non_persistent": buffers, "hooks": hooks}
+
+
+def _behaviour(model: nn.Module) -> tuple[str, list[Tensor]]:
+    """What decides the model's output besides ``state_dict``: every submodule's class, plain attributes,
+    non-persistent buffers and forward hooks, plus torch's global forward hooks, as one canonical string; and
+    the tensors it refers to (hashed by content on their device)."""
+    from torch.nn.modules import module as torch_module
+
+    root = {id(m): name for name, m in model.named_modules(remove_duplicate=False)}
+    tensors: list[Tensor] = []
+    desc = [[name, _callable_name(type(m)), _describe_module(m, root, tensors, 0, frozenset({id(m)}))]
+            for name, m in model.named_modules()]
+    glob = [_describe(h, root, tensors, 0, frozenset())
+            for table in ("_global_forward_pre_hooks", "_global_forward_hooks")
+            for h in getattr(torch_module, table, {}).values()]
+    return json.dumps({"modules": desc, "global_hooks": glob}, sort_keys=True), tensors
 
 
 def _signature(model: nn.Module) -> tuple[Any, ...] | None:
-    """The state of every parameter and buffer (names, objects, storages, versions) and of every submodule's
-    class: it changes whenever a weight is updated in place (an optimiser step, ``load_state_dict``), replaced or
-    added. ``None`` when some tensor cannot be tracked (then nothing is remembered)."""
-    parts: list[Any] = [f"{type(m).__module__}.{type(m).__qualname__}" for m in model.modules()]
-    for name, t in model.state_dict(keep_vars=True).items():
-        state = _tensor_state(t)
-        if state is None:
-            return None
-        parts.append((name, state))
-    return tuple(parts)
+    """What the model's output depends on, cheaply: the structure (names, shapes, dtypes, devices of every
+    weight), the behaviour description (:func:`_behaviour`) and an on-device content checksum of every weight,
+    buffer and attribute tensor (one pass, one host copy per device: no per-step synchronisation). Unlike
+    ``_version`` it sees writes through ``.data``, numpy or DLPack. ``None`` when the model cannot be
+    described (then it is not keyed)."""
+    try:
+        state = model.state_dict(keep_vars=True)
+        behaviour, extra = _behaviour(model)
+        if " at 0x" in behaviour:
+            return None  # something known only by its address: its behaviour is not described
+        tensors = [*state.values(), *extra]
+        layout = tuple((k, tuple(t.shape), str(t.dtype), str(t.device)) for k, t in state.items())
+        sums = _checksums(tensors)
+    except (_Unkeyable, RuntimeError, ValueError, NotImplementedError, TypeError):
+        return None
+    return layout, behaviour, tuple((tuple(t.shape), str(t.dtype)) for t in extra), sums
 
 
 # model object -> (signature, fingerprint); weak: a model that is gone takes its entry with it
 _MODEL_MEMO: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[Any, ...], str]] = weakref.WeakKeyDictionary()
 
 
-def model_fingerprint(model: nn.Module) -> str:
-    """A short hash of the model's weights (:func:`weights_hash`) and the classes of all its submodules (so two
-    architectures that happen to hold equal tensors differ), computed once per model object and recomputed when
-    one of its parameters or buffers changes (in place or replaced)."""
+def model_fingerprint(model: nn.Module) -> str | None:
+    """A short hash of what decides the model's output: its weights (:func:`weights_hash`), the classes, plain
+    attributes (a sliding window's ROI size, a wrapper's task), non-persistent buffers and forward hooks of all
+    its submodules (so equal weights behaving differently differ); ``training`` is not part of it.
+
+    Each call checks every tensor's content by an on-device checksum (one pass, no copy of the weights to the
+    host); the full hash is computed again only when that changes. ``None`` when the model cannot be described
+    (an uninitialised lazy weight, attributes nested too deep): such a model is not cached."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}")
     sig = _signature(model)
+    if sig is None:
+        return None
     memo = _MODEL_MEMO.get(model)
-    if sig is not None and memo is not None and memo[0] == sig:
+    if memo is not None and memo[0] == sig:
         return memo[1]
-    classes = [f"{type(m).__module__}.{type(m).__qualname__}" for m in model.modules()]
-    value = stable_hash({"weights": weights_hash(model), "modules": classes})
-    if sig is not None:
-        _MODEL_MEMO[model] = (sig, value)
+    _, behaviour, _, sums = sig
+    n_state = len(sig[0])
+    extra = [f"{a}:{b}" for a, b in sums[n_state:]]
+    value = stable_hash({"weights": weights_hash(model), "behaviour": behaviour, "extra": extra})
+    _MODEL_MEMO[model] = (sig, value)
     return value
 
 

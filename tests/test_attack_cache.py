@@ -22,6 +22,7 @@ from medadv.threats import Box, Linf
 @dataclass
 class _Details(AttackDetails):
     columns: ClassVar[tuple[str, ...]] = ("moves", "per_class")
+    sample_fields: ClassVar[tuple[str, ...]] = ("similarity",)  # per sample, though no table column
     moves: Tensor  # (N,) per sample
     per_class: Tensor  # (N, 2) per sample
     similarity: dict  # name -> (N,) per sample
@@ -333,3 +334,214 @@ def test_studies_and_report_cases_reading_the_cache_craft_nothing():
     study = batches[0].attacked[0].result  # one batch of 4: evaluate's two batches of 2, bit for bit
     crafted = [pgd(model, x[:2], y[:2]), pgd(model, x[2:], y[2:])]  # the attack's own seed: evaluate's tensors
     assert torch.equal(study.x_adv, torch.cat([r.x_adv for r in crafted]))
+
+
+def test_weights_changed_through_data_are_not_served_stale():
+    model, x, y, task = _setup()
+    atk = _pgd(task)
+    calls = _count(atk)
+    with attack_once():
+        before = craft(atk, model, x, y)
+        model[1].weight.data.mul_(3)  # no version bump
+        after = craft(atk, model, x, y)
+        assert calls == [4, 4] and not torch.equal(after.logits, before.logits)
+        model[1].bias.detach().numpy()[:] = 1.0  # a write through numpy
+        craft(atk, model, x, y)
+        assert calls == [4, 4, 4]
+
+
+class _Biased(_Shift):
+    """Takes a batch-wide ``bias`` added over the image's last dimension (4 wide, like the batch of 4)."""
+
+    call_args = ("bias",)
+
+    def perturb(self, model, x, y, logits, bias=None):
+        x_adv, det, _ = super().perturb(model, x, y, logits)
+        return self.box.clip(x_adv + 0.001 * bias), det, None
+
+
+def test_only_declared_call_arguments_are_per_sample():
+    from medadv.attacks.dag import DAG
+
+    assert DAG.per_sample_call_args == ("target_mask",) and Attack.per_sample_call_args == ()
+    model, x, y, task = _setup()
+    atk = _Biased(task, Box(0.0, 1.0))
+    bias = torch.tensor([1.0, 2.0, 3.0, 4.0])  # first dimension 4 = the batch size, by coincidence
+    perm = torch.tensor([0, 1, 3, 2])
+    with attack_once():
+        craft(atk, model, x[:2], y[:2], bias=bias)
+        mixed = craft(atk, model, x[perm], y[perm], bias=bias)  # two hits, two crafted with the whole bias
+    assert torch.equal(mixed.x_adv, atk(model, x[perm], y[perm], bias=bias).x_adv)
+
+
+@dataclass
+class _TableDetails(AttackDetails):
+    columns: ClassVar[tuple[str, ...]] = ("moves",)
+    moves: Tensor  # (N,) per sample
+    table: Tensor  # (4,) the same for every batch: not per sample, whatever the batch size
+
+
+class _Table(_Shift):
+    def perturb(self, model, x, y, logits):
+        x_adv, det, _ = super().perturb(model, x, y, logits)
+        return x_adv, _TableDetails(moves=det.moves, table=torch.arange(4.0)), None
+
+
+def test_an_undeclared_details_field_of_batch_length_is_not_sliced():
+    model, x, y, task = _setup()
+    atk = _Table(task, Box(0.0, 1.0))
+    with attack_once():
+        craft(atk, model, x, y)
+        back = craft(atk, model, x.flip(0), y.flip(0))
+    assert torch.equal(back.details.table, torch.arange(4.0))  # not the samples' slices, reversed
+
+
+class _TracedWhenAlone(_Shift):
+    """Records a trace for a batch of one sample only: that result cannot be split."""
+
+    def perturb(self, model, x, y, logits):
+        x_adv, det, _ = super().perturb(model, x, y, logits)
+        return x_adv, det, ({"loss": torch.zeros(1, 1)} if x.shape[0] == 1 else None)
+
+
+def test_a_partial_hit_that_cannot_be_split_is_counted_once_and_then_decided_before_crafting():
+    model, x, y, task = _setup()
+    atk = _TracedWhenAlone(task, Box(0.0, 1.0))
+    calls = _count(atk)
+    with attack_once() as cache:
+        craft(atk, model, x[:3], y[:3])
+        whole = craft(atk, model, x, y)  # x[3] alone records a trace: the whole batch is crafted again
+        assert calls == [3, 1, 4] and cache.stats["crafted"] == 3 + 4 and cache.stats["uncached"] == 4
+        assert whole.trace is None and torch.equal(whole.x_adv, atk(model, x, y).x_adv)
+        calls.clear()
+        craft(atk, model, x, y)
+        assert calls == [4]  # known now: no sub-batch crafted in vain
+
+
+def test_a_setting_known_only_by_its_address_is_not_keyed():
+    model, x, y, task = _setup()
+
+    class Opaque:
+        __slots__ = ()
+
+    class _WithObject(_Shift):
+        call_args = ("extra",)
+
+        def perturb(self, model, x, y, logits, extra=None):
+            return super().perturb(model, x, y, logits)
+
+    atk = _WithObject(task, Box(0.0, 1.0))
+    calls = _count(atk)
+    with attack_once() as cache:
+        craft(atk, model, x, y, extra=Opaque())
+        craft(atk, model, x, y, extra=Opaque())
+    assert calls == [4, 4] and cache.stats["uncached"] == 8 and cache.stats["reused"] == 0
+
+    class _OpaqueSetting(_Shift):
+        def fingerprint(self):  # a declared setting canonicalised by its repr (with an address)
+            return {**super().fingerprint(), "thing": Opaque()}
+
+    odd = _OpaqueSetting(task, Box(0.0, 1.0))
+    odd_calls = _count(odd)
+    with attack_once() as cache:
+        craft(odd, model, x, y)
+        craft(odd, model, x, y)
+    assert odd_calls == [4, 4] and cache.stats["uncached"] == 8
+
+
+def test_global_rng_attacks_are_keyed_by_evaluates_seed():
+    from medadv.attack_cache import seed_tag
+
+    model, x, y, task = _setup()
+    atk = PGD(task, Linf(0.1, bounds=(0.0, 1.0)), steps=2, step_size=0.05, seed=None)  # the global RNG
+    own = _pgd(task)  # its own seed: the global seeding does not matter
+    calls, own_calls = _count(atk), _count(own)
+    data = [(x[:2], y[:2]), (x[2:], y[2:])]
+    with attack_once():
+        first = evaluate(model, task, data, {"pgd": atk, "own": own}, seed=0)
+        second = evaluate(model, task, data, {"pgd": atk, "own": own}, seed=1)
+        assert calls == [2, 2, 2, 2] and own_calls == [2, 2]  # another seed: other examples
+        plain = evaluate(model, task, data, {"pgd": atk}, seed=1)
+        assert len(calls) == 4 and plain.rows == [r for r in second.rows if r["attack"] == "pgd"]
+        with seed_tag(0):  # a study in a run under the run's seed reads back evaluate's examples
+            craft(atk, model, x, y)
+        assert len(calls) == 4
+        craft(atk, model, x, y)  # no seed tag: not evaluate's seeding
+        assert calls[4:] == [4]
+    assert [r for r in first.rows if r["attack"] == "own"] != []
+    with pytest.raises(TypeError, match="`seed`"):
+        with seed_tag("0"):  # type: ignore[arg-type]
+            pass
+
+
+def test_a_link_at_the_spill_folder_is_refused_and_its_entries_dropped(tmp_path):
+    model, x, y, task = _setup()
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (out / ".attack_cache").symlink_to(elsewhere, target_is_directory=True)
+    atk = _Shift(task, Box(0.0, 1.0))
+    cache = AttackCache(max_bytes=0, spill_dir=out / ".attack_cache", root=out)
+    with attack_once(cache):
+        res = craft(atk, model, x, y)  # the attack's result is returned, the spill refused
+    assert torch.equal(res.x_adv, atk(model, x, y).x_adv)
+    assert list(elsewhere.iterdir()) == [] and cache.stats["evicted"] == 4 and cache.stats["spilled"] == 0
+    assert len(cache) == 0
+    with pytest.raises(ValueError, match="`spill_dir`"):
+        AttackCache(spill_dir=tmp_path / "other", root=out)
+    with pytest.raises(TypeError, match="`root`"):
+        AttackCache(spill_dir=out / "c", root=3)  # type: ignore[arg-type]
+
+
+def test_a_failed_spill_write_drops_the_entry_and_the_run_goes_on(tmp_path, monkeypatch):
+    import errno
+
+    model, x, y, task = _setup()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+    atk = _Shift(task, Box(0.0, 1.0))
+    calls = _count(atk)
+    cache = AttackCache(max_bytes=200, spill_dir=tmp_path / "spill")
+    with attack_once(cache):
+        first = craft(atk, model, x, y)
+        again = craft(atk, model, x, y)
+    assert cache.stats["evicted"] >= 3 and cache.stats["spilled"] == 0 and len(calls) == 2
+    assert torch.equal(first.x_adv, again.x_adv)
+    assert [p for p in (tmp_path / "spill").rglob("*") if p.is_file()] == []
+    cache.clear()
+
+
+def test_a_spilled_file_replaced_by_a_link_is_not_read(tmp_path):
+    model, x, y, task = _setup()
+    atk = _Shift(task, Box(0.0, 1.0))
+    calls = _count(atk)
+    spill = tmp_path / "out" / ".attack_cache"
+    cache = AttackCache(max_bytes=0, spill_dir=spill, root=tmp_path / "out")
+    with attack_once(cache):
+        first = craft(atk, model, x, y)
+        planted = tmp_path / "planted"
+        spill.rename(planted)  # the folder swapped for a link to a copy: its files are not read back
+        spill.symlink_to(planted, target_is_directory=True)
+        again = craft(atk, model, x, y)
+    assert calls == [4, 4] and torch.equal(first.x_adv, again.x_adv)
+
+
+def test_check_study_inside_a_run_crafts_without_the_cache(monkeypatch):
+    import medadv.testing.study_checks as study_checks
+    from medadv.testing import check_study
+
+    seen: list[object] = []
+    real = study_checks._run
+
+    def watched(*args, **kwargs):
+        seen.append(active_cache())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(study_checks, "_run", watched)
+    with attack_once() as cache:
+        check_study("classwise", kinds=["multiclass"], properties=["runs", "determinism"])
+        assert active_cache() is cache
+    assert seen and all(s is None for s in seen) and cache.stats["reused"] == 0

@@ -98,3 +98,70 @@ def test_per_sample_hashes_check_their_arguments():
         fp.per_sample_hashes(x, extras=[b"a"])
     with pytest.raises(TypeError, match="`model`"):
         fp.model_fingerprint("model")  # type: ignore[arg-type]
+
+
+def test_weight_writes_that_skip_the_version_counter_change_the_fingerprint(monkeypatch):
+    model = _model()
+    first = fp.model_fingerprint(model)
+    version = model[0].weight._version
+    model[0].weight.data.mul_(2)  # through .data: the parameter's version counter does not move
+    assert model[0].weight._version == version
+    second = fp.model_fingerprint(model)
+    assert second != first
+    model[0].bias.detach().numpy()[0] = 7.0  # through numpy: no version counter at all
+    third = fp.model_fingerprint(model)
+    assert third not in (first, second)
+    model[1].running_mean.data.copy_(torch.ones(3))  # a buffer, through .data
+    assert fp.model_fingerprint(model) not in (first, second, third)
+    # unchanged content: the memo answers without the full hash
+    calls: list[int] = []
+    real = fp.weights_hash
+    monkeypatch.setattr(fp, "weights_hash", lambda m: calls.append(1) or real(m))
+    fp.model_fingerprint(model)
+    fp.model_fingerprint(model)
+    assert calls == []
+
+
+class _Scaled(nn.Module):
+    """Equal weights, behaviour set by a plain attribute."""
+
+    def __init__(self, inner: nn.Module, scale: float) -> None:
+        super().__init__()
+        self.inner = inner
+        self.scale = scale
+        self.register_buffer("offset", torch.zeros(3), persistent=False)
+
+    def forward(self, x):
+        return self.inner(x) * self.scale + self.offset
+
+
+def test_same_weights_with_other_attributes_buffers_or_hooks_differ_but_weights_hash_does_not():
+    from medadv.models.sliding import SlidingWindow
+
+    net = nn.Conv2d(1, 2, 3, padding=1)
+    a, b = SlidingWindow(net, (8, 8)), SlidingWindow(net, (16, 16))
+    assert fp.weights_hash(a) == fp.weights_hash(b)
+    assert fp.model_fingerprint(a) != fp.model_fingerprint(b)
+    b.roi_size = (8, 8)  # changed on the same object: seen on the next call
+    assert fp.model_fingerprint(a) == fp.model_fingerprint(b)
+
+    m = _Scaled(_model()[0], 1.0)
+    base = fp.model_fingerprint(m)
+    m.scale = 2.0
+    scaled = fp.model_fingerprint(m)
+    assert scaled != base
+    m.scale = 1.0
+    assert fp.model_fingerprint(m) == base
+    m.offset.add_(1)  # a non-persistent buffer: not in state_dict, still behaviour
+    assert "offset" not in m.state_dict() and fp.model_fingerprint(m) != base
+    m.offset.sub_(1)
+    assert fp.model_fingerprint(m) == base
+    handle = m.register_forward_hook(lambda mod, args, out: out * 0)
+    assert fp.model_fingerprint(m) != base
+    handle.remove()
+    pre = m.register_forward_pre_hook(lambda mod, args: (args[0] * 2,))
+    assert fp.model_fingerprint(m) != base
+    pre.remove()
+    m.train()  # the mode is not behaviour an attack sees (attacks run in eval mode)
+    assert fp.model_fingerprint(m) == base
+    assert fp.weights_hash(m) == fp.weights_hash(_Scaled(_model()[0], 5.0))

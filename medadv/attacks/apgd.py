@@ -256,6 +256,7 @@ class APGD(VolumeLoss, IterativeAttack):
     keep_best = True
     needs_clean_logits = False  # y is validated against the first step's forward
     call_args = ("weight",)
+    per_sample_call_args = ("weight",)  # shaped like y: one weight map per sample
 
     loss: str
     rho: float

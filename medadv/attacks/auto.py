@@ -205,6 +205,7 @@ class AutoDetails(AttackDetails):
 
     columns: ClassVar[tuple[str, ...]] = ("metric_after", "attacked", "seconds", "components", "metric",
                                           "masking", "masking_messages", "worst_of", "worst_of_columns")
+    sample_fields: ClassVar[tuple[str, ...]] = ("source",)
     metric_after: Tensor
     attacked: Tensor
     seconds: Tensor

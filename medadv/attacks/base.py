@@ -57,6 +57,9 @@ class AttackDetails:
     ``(N,)`` fields that :func:`~medadv.evaluate` copies into each result row (as ``<column>``)."""
 
     columns: ClassVar[tuple[str, ...]] = ()
+    #: per-sample fields (leading dimension N, or a dict of such tensors) that are not result-table columns (maps,
+    #: logits, norms); with ``columns`` they tell :mod:`medadv.attack_cache` which fields it may split per sample
+    sample_fields: ClassVar[tuple[str, ...]] = ()
 
     def row(self, i: int) -> dict[str, Any]:
         """The declared per-sample columns of sample ``i`` as plain Python values."""
@@ -350,6 +353,9 @@ class Attack(Configurable, ABC):
 
     #: extra keyword arguments ``__call__`` accepts (e.g. DAG's ``target_mask``)
     call_args: ClassVar[tuple[str, ...]] = ()
+    #: the call arguments holding one entry per sample (first dimension: the batch): the attack-once cache
+    #: (:mod:`medadv.attack_cache`) keys and slices them per sample; any other argument is one batch-wide value
+    per_sample_call_args: ClassVar[tuple[str, ...]] = ()
 
     def _check_call_args(self, call_args: Mapping[str, Any]) -> None:
         for k in call_args:

@@ -189,6 +189,7 @@ class DAGDetails(AttackDetails):
     """
 
     columns: ClassVar[tuple[str, ...]] = ("fooled_fraction", "iterations", "mse", "ssim", "target_region_size")
+    sample_fields: ClassVar[tuple[str, ...]] = ("linf", "l2")
 
     fooled_fraction: Tensor
     iterations: Tensor
@@ -262,6 +263,7 @@ class DAG(IterativeAttack):
     spatial_dims = (2, 3)
     always_targeted = True
     call_args = ("target_mask",)
+    per_sample_call_args = ("target_mask",)  # one target region per sample
     aliases: ClassVar[dict[str, str]] = {"max_iter": "steps", "gamma": "step_size"}  # configs, get_attack
     # the first step's forward is the clean forward (DAG starts at x): no separate clean pass
     needs_clean_logits = False

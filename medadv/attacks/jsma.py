@@ -51,6 +51,7 @@ class JSMADetails(AttackDetails):
     """
 
     columns: ClassVar[tuple[str, ...]] = ("iterations", "changed_fraction")
+    sample_fields: ClassVar[tuple[str, ...]] = ("target",)
     iterations: Tensor
     changed_fraction: Tensor
     target: Tensor

@@ -45,6 +45,7 @@ class RelevanceDetails(SaliencyDetails):
     NaN for the other goals), and ``target_map`` (``goal="target"``: the normalised target, ``(N, *spatial)``)."""
 
     columns: ClassVar[tuple[str, ...]] = SaliencyDetails.columns + ("prob_change", "target_mass_clean", "target_mass")
+    sample_fields: ClassVar[tuple[str, ...]] = SaliencyDetails.sample_fields + ("target_map",)
 
     prob_change: Tensor
     target_mass_clean: Tensor

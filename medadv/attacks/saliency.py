@@ -98,6 +98,7 @@ class SaliencyDetails(AttackDetails):
 
     columns: ClassVar[tuple[str, ...]] = ("admissible", "map_ssim", "map_pearson", "map_spearman", "map_mse",
                                           "map_topk", "map_com_shift", "map_jsd")
+    sample_fields: ClassVar[tuple[str, ...]] = ("label", "map", "map_adv", "similarity", "logits_clean")
 
     label: Tensor
     map: Tensor

@@ -179,6 +179,7 @@ class VAFADetails(AttackDetails):
     """
 
     columns: ClassVar[tuple[str, ...]] = ("final_loss",)
+    sample_fields: ClassVar[tuple[str, ...]] = ("q_tables",)
 
     q_tables: Tensor
     block: tuple[int, ...]

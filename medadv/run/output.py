@@ -41,6 +41,8 @@ def existing_outputs(out: Path) -> list[Path]:
     found += sorted(p for g in OUTPUT_GLOBS for p in out.glob(g))
     if os.path.lexists(out / ADVERSARIAL_DIR):
         found.append(out / ADVERSARIAL_DIR)
+    if os.path.lexists(out / ATTACK_CACHE_DIR):  # a killed run's spill folder, or a link planted there
+        found.append(out / ATTACK_CACHE_DIR)
     return found
 
 
@@ -57,6 +59,9 @@ def check_no_links(out: Path) -> None:
             for folder, _, files in os.walk(p):  # a file is written only as a regular file: no link of any kind
                 for name in files:
                     check_not_linked(Path(folder) / name, hard_links=False)
+            continue
+        if p.name == ATTACK_CACHE_DIR:  # the cache's spill folder: a link there would send its files elsewhere
+            check_not_linked(p, hard_links=False)
             continue
         # a hard link matters where medadv appends (the logs); a file written whole replaces its own name only
         check_not_linked(p, hard_links=p.suffix == ".jsonl")
@@ -91,7 +96,8 @@ def check_output(out: Path, fingerprint: str, overwrite: bool) -> Action:
     if before == fingerprint:
         read_logs(out)  # a line that is not medadv's is refused now, before any work (not after the model is built)
         return "resume"
-    logs_only = all(p.name == "log.jsonl" or p.match("log.rank*.jsonl") or p.name == ADVERSARIAL_DIR for p in found)
+    logs_only = all(p.name == "log.jsonl" or p.match("log.rank*.jsonl") or p.name in (ADVERSARIAL_DIR, ATTACK_CACHE_DIR)
+                    for p in found)
     if before is None and not (out / "run.json").exists() and logs_only:
         return "adopt"
     raise _occupied(out, before, fingerprint)

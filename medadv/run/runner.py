@@ -60,13 +60,17 @@ class Outcome:
 
 
 @contextlib.contextmanager
-def _attack_once(spill_dir: Path) -> Iterator[None]:
+def _attack_once(out: Path) -> Iterator[None]:
     """Every adversarial example attacked once for the whole run (evaluation, studies, report cases); what does not
-    fit in memory is spilled into ``spill_dir`` (each rank's cache names its own files). This rank's files are
-    deleted when the block ends; :meth:`Run.execute` removes the folder once every rank is done."""
+    fit in memory is spilled into ``out/.attack_cache`` (each rank's cache names its own files), opened without
+    following a link below ``out``. This rank's files are deleted when the block ends; :meth:`Run.execute`
+    removes the folder once every rank is done.
+
+    Under ``torchrun`` each rank's cache is its own (process memory, its own files): rank 0's studies and report
+    cases find only the samples rank 0 evaluated, and craft the other ranks' samples again."""
     from ..attack_cache import AttackCache, attack_once
 
-    cache = AttackCache(spill_dir=spill_dir)
+    cache = AttackCache(spill_dir=out / ATTACK_CACHE_DIR, root=out)
     try:
         with attack_once(cache):
             yield
@@ -151,7 +155,7 @@ class Run:
                           "from this config", file=sys.stderr)
             distributed.barrier()  # the folder is ready before any rank logs into it
             cached = True
-            with _attack_once(out / ATTACK_CACHE_DIR):
+            with _attack_once(out):
                 outcome = self._evaluate(evaluate, model, task, data, attacks, target_fn, names, action, fingerprint)
             distributed.barrier()  # every rank is done with the cache
             return outcome
@@ -172,6 +176,7 @@ class Run:
                   names: list[str] | None, action: Action, fingerprint: str) -> Outcome:
         """The evaluation on every rank; then, on rank 0, the results, studies, cases and reports."""
         from .. import distributed
+        from ..attack_cache import seed_tag
         from ..config import model_name
         from ..report import worst_cases, write_html_report, write_report
 
@@ -188,7 +193,8 @@ class Run:
         res.to_json(out / "results.json")
         res.to_csv(out / "results.csv")
         paths = [out / "results.json", out / "results.csv", write_report(res, out)]
-        studies = self._studies(model, task, data, attacks, target_fn, paths)
+        with seed_tag(cfg.seed):  # the studies' crafts keyed like evaluate's (seed=cfg.seed): its examples reused
+            studies = self._studies(model, task, data, attacks, target_fn, paths)
         report = cfg.report
         # the most-damaged samples of each attack, attacked again under evaluate's per-batch seed to draw them
         cases = worst_cases(model, task, data, attacks, res, k=cfg.cases, seed=cfg.seed, target_fn=target_fn,

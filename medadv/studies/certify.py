@@ -68,7 +68,7 @@ from ..report.blocks import (
     style_axes,
 )
 from ..runtime import forward_tensor, model_device
-from ..tasks import Task, task_family
+from ..tasks import Task
 from ..threats import L2, Bounds, Box
 from ._common import AttackSpec, TargetFn, batches, check_model, check_task, mean
 from .base import StudyResult
@@ -96,7 +96,7 @@ class NoiseExpectation(nn.Module):
     def __init__(self, model: nn.Module, task: Task, sigma: float, draws: int = 8, seed: int = 0) -> None:
         super().__init__()
         self.model = model
-        self.multilabel = task_family(task) == "multilabel"
+        self.multilabel = task.traits.certify.family == "multilabel"  # the kind's declaration, not its name
         self.sigma = float(sigma)
         self.draws = int(draws)
         self.seed = int(seed)
@@ -396,8 +396,7 @@ def _needs_smoothing(task: Task) -> str | None:
     from ..certify.smoothing import FAMILIES
 
     # the family a kind declares (traits.certify.family), as RandomizedSmoothing reads it
-    certify = getattr(getattr(task, "traits", None), "certify", None)
-    family = getattr(certify, "family", None) if certify is not None else task_family(task)
+    family = task.traits.certify.family
     if family in FAMILIES:
         return None
     return f"randomized smoothing needs a task kind with a smoothing family ({', '.join(FAMILIES)})"

@@ -35,11 +35,11 @@ from torch import Tensor, nn
 from ..config_schema import Budget, DataSection
 from ..defenses.strategies import NONE, build_strategy, label_of, normalize_entry, strategy_classes
 from ..report.blocks import (
-    Bullets,
     Section,
     StudyLike,
     bars,
     data_table,
+    escape,
     figure_image,
     legend_top,
     pyplot,
@@ -245,13 +245,12 @@ def _draw_defenses(study: StudyLike, class_names: Sequence[str] | None) -> Secti
     meta = study.meta
     train = meta.get("train")
     intro = (f"One copy of the model per training strategy ({'fine-tuned from the given weights' if meta.get('init') == 'copy' else 'trained from scratch'}, "
-             f"{meta.get('epochs')} epochs, Adam lr {meta.get('lr')}; training data: {train}), each attacked "
-             f"white-box: {metric} clean and under every attack (Xu et al. 2021, Table 5). <code>none</code> is "
-             "clean training with the same recipe.")
-    blocks: list[Any] = []
-    if meta.get("notes"):
-        blocks.append(Bullets([str(n) for n in meta["notes"]], "warn"))
-    blocks += [figure_image(fig, "clean and attacked metric per training strategy"),
+             f"{escape(meta.get('epochs'))} epochs, Adam lr {escape(meta.get('lr'))}; training data: "
+             f"{escape(train)}), each attacked white-box: {escape(metric)} clean and under every attack (Xu et al. "
+             "2021, Table 5). <code>none</code> is clean training with the same recipe.")
+    # meta["notes"] (a VAFA renormalisation, naming the config's attack ids) are shown, escaped, by the report's
+    # study-section dispatch above every study's blocks
+    blocks: list[Any] = [figure_image(fig, "clean and attacked metric per training strategy"),
                data_table(rows, list(dict.fromkeys(k for r in rows for k in r)))]
     return Section("study-defenses", f"Defenses (Xu et al. Table 5) · {metric}", intro, blocks)
 

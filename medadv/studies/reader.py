@@ -49,7 +49,7 @@ from torch import Tensor, nn
 from ..attacks.base import Attack
 from ..explain import Explanation, get_explanation
 from ..explain.base import ClassScores
-from ..report.blocks import Section, StudyLike, raw_table
+from ..report.blocks import Section, StudyLike, escape, raw_table
 from ..tasks import Task
 from ._common import AttackSpec, TargetFn, attacked_batches, check_model, check_task, key, named_attacks
 from .base import StudyResult
@@ -371,7 +371,7 @@ def _draw_reader_study(study: StudyLike, class_names: Sequence[str] | None) -> S
     shown = "explanation maps" if meta.get("show") == "map" else "images"
     intro = (f"{len(study.rows)} pairs of clean and adversarial {shown} for a two-alternative forced-choice "
              "reading (Zhang et al.), order randomised with seed "
-             f"{meta.get('seed')}. Write the readers' folder with medadv.studies.reader.export_reader_study "
+             f"{escape(meta.get('seed'))}. Write the readers' folder with medadv.studies.reader.export_reader_study "
              "and score the filled answer sheet with score_reader_study (exact binomial test against chance). "
              "The table below is the key: do not show it to the readers.")
     return Section("study-reader", "Reader study (2AFC)", intro,

@@ -203,7 +203,10 @@ def register_study(name: str, *, draw: StudyDrawer | None = None, needs: Callabl
     def deco(cls: S) -> S:
         if not (isinstance(cls, type) and issubclass(cls, StudySpec)):
             raise TypeError(f"register_study({name!r}) decorates a StudySpec subclass, got {cls!r}")
-        if name in _REGISTRY and _REGISTRY[name].spec is not cls:
+        old = _REGISTRY.get(name)
+        # the same class again (a study module reloaded) replaces its entry; another class under the name is refused
+        if old is not None and old.spec is not cls and \
+                (old.spec.__module__, old.spec.__qualname__) != (cls.__module__, cls.__qualname__):
             raise ValueError(f"study {name!r} is already registered ({_REGISTRY[name].spec.__name__})")
         _REGISTRY[name] = StudyInfo(name, cls, draw, needs, dims, bool(single_range), dict(check_options or {}))
         # the report reads drawers from its own registry (it lies below the studies and imports none of them)

@@ -409,6 +409,31 @@ def _determinism(case: AttackCase, device: torch.device, cache: dict[str, Any]) 
         raise _Fail("same seed, same settings, same data: a different x_adv")
 
 
+def _cacheable(case: AttackCase, device: torch.device, cache: dict[str, Any]) -> None:
+    """A run crafts each sample once (:mod:`medadv.attack_cache`): the result splits per sample, and served back
+    from the cache it equals what the attack returned."""
+    from ..attack_cache import AttackCache, _split, attack_once, craft
+
+    first = _run(case, device, cache).get()
+    n = first.x_adv.shape[0]
+    if first.trace is None and _split(first, n) is None:
+        raise _Fail("its result cannot be split per sample, so a run crafts it again wherever it is read: declare "
+                    "every per-sample field of its details in `columns` or `sample_fields` (leading dimension N)")
+    x, y = (t.to(device) for t in case.data())
+    model = prepare_model(case.model()).to(device)
+    attack = case.build()
+    with attack_once(AttackCache()) as store:
+        crafted = craft(attack, model, x, y)
+        served = craft(attack, model, x, y)
+    if first.trace is None and store.stats["reused"] != n:
+        raise _Fail(f"a second identical call crafted again ({store.stats})")
+    for name in ("x_adv", "logits"):
+        if not torch.equal(getattr(crafted, name), getattr(served, name)):
+            raise _Fail(f"the cache served a different {name} than the attack returned")
+    if crafted.rows() != served.rows():
+        raise _Fail("the cache served other per-sample details than the attack returned")
+
+
 def _in_hu(threat: Threat | Box) -> Threat | Box:
     box = threat if isinstance(threat, Box) else threat.box
     assert box.bounds is not None
@@ -520,6 +545,7 @@ SETTING_PROPERTIES: dict[str, Callable[[AttackCase, torch.device, dict[str, Any]
     "caller tensors": _tensors,
     "global RNG": _rng,
     "determinism": _determinism,
+    "attack once": _cacheable,
 }
 
 

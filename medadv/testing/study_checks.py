@@ -306,7 +306,10 @@ def check_study(study: str, *, kinds: Iterable[str] | None = None, examples: Ite
             except _Fail as e:
                 raise ConformanceError(f"check_study({info.name}): spec: {prop}: {e}") from None
             report.passed.append(f"spec: {prop}")
-    with torch.random.fork_rng(devices=[]):
+    from ..attack_cache import suspended
+
+    # no attack-once cache of a caller's run: the determinism re-run must craft again, not read the first run back
+    with torch.random.fork_rng(devices=[]), suspended():
         torch.manual_seed(0)
         todo = exs if examples is not None else [e for k in names for e in examples_of(k)]
         for ex in todo:

@@ -14,6 +14,8 @@ attack and setting:
 * the model's modes, ``requires_grad`` flags, ``.grad``, weights and BatchNorm statistics, the caller's
   ``x`` and ``y`` and torch's global RNG are left as they were; ``x_adv`` does not alias ``x``;
 * the same seed gives the same tensor;
+* the result splits per sample, so a run's attack cache (:mod:`medadv.attack_cache`) serves it back, equal, instead
+  of crafting it again;
 
 and per attack: ``check_declarations()`` passes, ``get_params()`` round-trips through a YAML config to
 the same fingerprint, the fingerprint changes when any declared parameter, the ε or the box changes,
@@ -82,6 +84,10 @@ def test_global_rng_is_untouched(case, factory):
 
 def test_same_seed_same_tensor(case, factory):
     check_case(case, "determinism", factory.device, RUNS)
+
+
+def test_each_sample_is_crafted_once_per_run(case, factory):
+    check_case(case, "attack once", factory.device, RUNS)
 
 
 @pytest.mark.parametrize("bad", BAD_INPUTS)

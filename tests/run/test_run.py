@@ -147,3 +147,37 @@ def test_execute_attacks_once_under_a_cache_spilling_into_the_output_folder(tmp_
     (cache,) = seen
     assert isinstance(cache, AttackCache) and cache.spill_dir == outcome.out / ".attack_cache"
     assert active_cache() is None and not (outcome.out / ".attack_cache").exists()
+
+
+def test_a_link_at_the_attack_cache_folder_is_refused_in_one_line(tmp_path, make_config):
+    path = make_config(tmp_path)
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (out / ".attack_cache").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(OSError, match=r"\.attack_cache is a symbolic link") as info:
+        Run.from_yaml(path, progress=False).execute()
+    assert "\n" not in str(info.value) and list(elsewhere.iterdir()) == [] and not (out / "run.json").exists()
+
+
+def test_studies_in_a_run_reuse_evaluates_examples_of_global_rng_attacks(tmp_path, monkeypatch, make_config):
+    """An attack without its own seed is keyed by evaluate's seed; the run's studies run under the same tag."""
+    from medadv.attack_cache import active_cache, craft
+
+    path = make_config(tmp_path, attacks=[{"name": "pgd", "steps": 2, "seed": None}], cases=0)
+    counts: list[dict[str, int]] = []
+
+    def studies(self, model, task, data, attacks, target_fn, paths):
+        cache = active_cache()
+        assert cache is not None
+        before = dict(cache.stats)
+        for batch in data:
+            x, y = (batch["x"], batch["y"]) if isinstance(batch, dict) else batch[:2]
+            for atk in attacks.values():
+                craft(atk, model, x, y)
+        counts.append({k: cache.stats[k] - before[k] for k in ("crafted", "reused")})
+        return []
+
+    monkeypatch.setattr(Run, "_studies", studies)
+    Run.from_yaml(path, progress=False).execute()
+    assert counts == [{"crafted": 0, "reused": 4}]
