@@ -460,9 +460,11 @@ def _draw_transfer(study: StudyLike, class_names: Sequence[str] | None) -> Secti
                     ylabel="surrogate (crafted on)")
         fig.suptitle(setting_key(attack, budget), fontsize=10)
         fig.tight_layout()
+        white = ("Cells where a model attacks itself are white-box." if any(r.get("white_box") for r in rows) else
+                 "No cell is white-box: every source is another network than the models it is applied to.")
         blocks.append(figure_image(fig, f"transfer heatmap {setting_key(attack, budget)}",
                                    "Rows: the model the attack was crafted on; columns: the model it was applied "
-                                   "to. The diagonal is the white-box attack."))
+                                   f"to. {white}"))
     # Paschali et al.'s Table 2 (rows: the evaluated model; columns: the source model, grouped by attack) with
     # their Table 1 summary (clean, mean over the cells, drop in points and relative)
     targets = list(dict.fromkeys(str(r["target"]) for r in study.rows))
