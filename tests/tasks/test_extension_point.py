@@ -218,7 +218,7 @@ def test_a_new_kind_is_picked_up_by_every_consumer_through_its_declarations() ->
         RandomizedSmoothing(NoCert(), sigma=0.1)
     assert RandomizedSmoothing(MultiClass(), sigma=0.1).family == "multiclass"  # the built-in kind declares it
 
-    from adapters._common import check_task
+    from medadv.adapters._common import check_task
 
     class NoToolkit(MultiClass):
         traits = MultiClass.traits.but(toolkits={"adapters": frozenset()})
