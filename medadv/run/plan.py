@@ -189,7 +189,13 @@ class Plan:
 
     def model(self, task: Task, device: torch.device | str | None = None) -> nn.Module:
         """The evaluated model: built (seeded; trained or loaded as ``model`` says), behind sliding-window inference
-        when ``inference:`` is given, on ``device``, giving logits (``outputs: probabilities`` converted)."""
+        when ``inference:`` is given, on ``device``, giving logits (``outputs: probabilities`` converted).
+
+        Seeds torch's global RNG with the config's ``seed`` first, as ``medadv evaluate`` always has: the model's
+        random parts (initial weights, training draws) follow the config, whoever builds it."""
+        import torch  # at call time: importing medadv.run (the CLI) does not import torch
+
+        torch.manual_seed(self.config.seed)
         model = wrap_inference(build_model(self.config.model, self.base_dir, allow_code=self.code_allowed, task=task,
                                            box=threat_box(self.config.threat, task)),
                                self.config.inference)
@@ -209,12 +215,17 @@ class Plan:
         return build_loader(c.data, self.base_dir, batch_size=c.batch_size, task=task, seed=c.seed,
                             allow_code=self.code_allowed)
 
-    def build(self, device: torch.device | str | None = None) -> Built:
-        """Everything a run needs, checked first (:meth:`preflight`), then the model and the data."""
+    def prepare(self) -> tuple[Task, dict[str, Attack], TargetFn | dict[str, TargetFn] | None, list[str] | None]:
+        """The stages before any model or data: task, attacks, target functions, then :meth:`preflight` (returns
+        them with the class names). :meth:`build` and :class:`~medadv.run.Run` both start here."""
         task = self.task()
         attacks = self.attacks(task)
         target_fn = self.target_fns(task, attacks)
-        names = self.preflight(task, attacks, target_fn)
+        return task, attacks, target_fn, self.preflight(task, attacks, target_fn)
+
+    def build(self, device: torch.device | str | None = None) -> Built:
+        """Everything a run needs, checked first (:meth:`prepare`), then the model and the data."""
+        task, attacks, target_fn, names = self.prepare()
         model = self.model(task, device)
         return Built(task=task, attacks=attacks, model=model, models=self.extra_models(model, task),
                      data=self.loader(task), target_fn=target_fn, class_names=names)

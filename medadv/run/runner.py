@@ -119,23 +119,18 @@ class Run:
         and the data are ready (a failed start leaves it as it was). A second ``execute()`` into the same folder
         resumes: rows already logged are read back, not computed again. An operating-system error while writing is
         one line naming the path (``OSError``)."""
-        import torch
 
         from .. import distributed
         from ..evaluation import evaluate
 
         plan, cfg, out = self.plan, self.plan.config, self.out
-        task = plan.task()
-        attacks = plan.attacks(task)
-        target_fn = plan.target_fns(task, attacks)
-        names = plan.preflight(task, attacks, target_fn)
+        task, attacks, target_fn, names = plan.prepare()
         fingerprint = plan.fingerprint()
         distributed.init_from_env()  # torchrun: join the process group; alone: nothing
         cached = False  # the attack-once cache's folder is ours to remove only once the run has made it
         try:
             action = check_output(out, fingerprint, self.overwrite)  # every rank decides before rank 0 acts
-            torch.manual_seed(cfg.seed)  # before the model is built: its random parts follow the config's seed
-            model = plan.model(task, distributed.device())
+            model = plan.model(task, distributed.device())  # seeded with the config's seed, as build() does
             data = plan.loader(task)
             if action == "adopt":  # logs without run.json: resumed if every row is this config's (every rank decides)
                 action = adopt(out, fingerprint, row_fingerprints(

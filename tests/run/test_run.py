@@ -73,6 +73,21 @@ def test_build_gives_typed_pieces(tmp_path, make_config):
     assert built.model(batches[0][0]).shape == (2, 3)
 
 
+def test_build_and_run_build_the_same_seeded_model_whatever_the_global_rng(tmp_path, make_config):
+    """build() and Run share the stages (Plan.prepare, Plan.model): the model's random weights follow the config's
+    seed, not whatever the caller drew before."""
+    import torch
+
+    plan = Plan.from_yaml(make_config(tmp_path))
+    torch.manual_seed(123)
+    first = plan.build().model.state_dict()
+    torch.rand(1000)  # another global RNG state
+    second = plan.model(plan.task()).state_dict()
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+    task, attacks, target_fn, names = plan.prepare()
+    assert set(attacks) == {"fgsm@0.0313725", "pgd@0.0313725"} and target_fn is None and task.name == "multiclass"
+
+
 def test_python_and_cli_write_the_same_folder_and_rows(tmp_path, make_config):
     path = make_config(tmp_path)
     assert main(["evaluate", str(path), "--no-progress", "--output", str(tmp_path / "cli")]) == 0
