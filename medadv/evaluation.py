@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from . import distributed as dist
 from .attack_cache import craft
 from .attacks.base import Attack, AttackDetails, AttackResult, attack_mode, check_input, model_device
-from .evaluation_batches import Batch, Source, batch_size, is_single_batch, parse_batch, prefetched
+from .evaluation_batches import Batch, Source, prefetched
 from .evaluation_output import Background, attack_folders, plain_value, saved_columns
 from .fingerprints import device_checksum, is_targeted, row_fingerprint, sample_hashes, weights_hash
 from .results import DETAIL_PREFIX, Results
@@ -41,22 +41,13 @@ TargetFn = Callable[[Tensor, Tensor, Tensor], Tensor]
 #: one target function for every targeted attack, or ``{attack name: fn}`` (a config's per-entry ``target``)
 TargetFns = TargetFn | Mapping[str, TargetFn]
 
-# the names other modules (the CLI, the run pipeline, the report's cases) and older code import from here
+# private names older code imported from here (medadv itself uses medadv.fingerprints / evaluation_batches)
 _sample_hashes = sample_hashes
 _device_checksum = device_checksum
 _weights_hash = weights_hash
 _fingerprint = row_fingerprint
-_targeted = is_targeted
-_plain = plain_value
 _Source = Source
-_Batch = Batch
-_parse = parse_batch
-_prefetched = prefetched
-_batch_size = batch_size
-_is_single_batch = is_single_batch
-_Background = Background
-_attack_folders = attack_folders
-_saved_columns = saved_columns
+
 
 
 def _named_attacks(attacks: Attack | Sequence[Attack] | Mapping[str, Attack]) -> list[tuple[str, Attack]]:

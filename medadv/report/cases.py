@@ -388,7 +388,9 @@ def worst_cases(
         window: the images' grey window (see :class:`Case`; the config's ``report: {window: ...}``).
     """
     from ..attack_cache import craft
-    from ..evaluation import _parse, _sample_hashes, _seeded, _Source, _targeted
+    from ..evaluation import _seeded
+    from ..evaluation_batches import Source, parse_batch
+    from ..fingerprints import is_targeted, sample_hashes
     from ..runtime import attack_mode, forward_tensor, model_device
 
     window = check_window(window)
@@ -431,10 +433,10 @@ def worst_cases(
     need = {int(r["sample"]) for rows in wanted.values() for r in rows}
     device = model_device(model)
     found: dict[tuple[str, int], Case] = {}
-    for b, offset, raw in _Source(data, None, image_key, label_key):
+    for b, offset, raw in Source(data, None, image_key, label_key):
         if not need:
             break
-        batch = _parse(raw, task, image_key, label_key)
+        batch = parse_batch(raw, task, image_key, label_key)
         if batch.x.ndim < 3:  # feature vectors (N, F): there is no image to draw
             return []
         ids = range(offset, offset + int(batch.x.shape[0]))
@@ -445,8 +447,8 @@ def worst_cases(
         x_d, y_d = batch.x.to(device), batch.y.to(device)
         # the row's sample must be this data (a shuffling loader would put other samples at these numbers);
         # evaluate hashed the batch where it had it: on the host, or on an accelerator
-        hashes = [set(h) for h in zip(_sample_hashes(batch.x, batch.y, batch.extras()), *(
-            [_sample_hashes(x_d, y_d, batch.extras())] if x_d.device.type != "cpu" else []), strict=True)]
+        hashes = [set(h) for h in zip(sample_hashes(batch.x, batch.y, batch.extras()), *(
+            [sample_hashes(x_d, y_d, batch.extras())] if x_d.device.type != "cpu" else []), strict=True)]
         with attack_mode(model), torch.no_grad():
             clean_logits = forward_tensor(model, x_d)
         for name in chosen:
@@ -465,7 +467,7 @@ def worst_cases(
             atk = attacks[name]
             with _seeded(seed, f"{b}:{name}:{atk.budget}", device):  # the key evaluate() seeds this batch with
                 fn = target_for(target_fn, name)
-                target = fn(x_d, y_d, clean_logits) if fn is not None and _targeted(atk) else y_d
+                target = fn(x_d, y_d, clean_logits) if fn is not None and is_targeted(atk) else y_d
                 # through the run's cache: inside a Run these are the examples evaluate() crafted, read back
                 res = craft(atk, model, x_d, target, clean_logits=clean_logits)
             for i in local:

@@ -116,11 +116,11 @@ def row_fingerprints(model: Any, task: Any, attacks: Mapping[str, Any], target_f
                      spacing: Any, seed: int, save: bool) -> dict[str, str]:
     """The settings fingerprint ``evaluate`` gives the rows of each attack (the ``config`` column of the logs).
 
-    Uses evaluation's private helpers, with evaluate's own arguments, so that the two cannot drift apart."""
-    from ..evaluation import _fingerprint, _weights_hash
+    Uses the fingerprints evaluate itself uses, with evaluate's own arguments, so that the two cannot drift apart."""
+    from ..fingerprints import row_fingerprint, weights_hash
 
-    weights = _weights_hash(model)
-    return {name: _fingerprint(weights, task, atk, hd95, spacing, target_fn, seed=seed, save=save)
+    weights = weights_hash(model)
+    return {name: row_fingerprint(weights, task, atk, hd95, spacing, target_fn, seed=seed, save=save)
             for name, atk in attacks.items()}
 
 

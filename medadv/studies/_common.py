@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from ..attack_cache import craft
 from ..attacks.base import Attack, AttackResult
+from ..fingerprints import is_targeted
 from ..runtime import attack_mode, check_input, forward_tensor, model_device, target_for
 from ..tasks import Task
 
@@ -89,10 +90,6 @@ def check_models(models: Any, what: str) -> dict[str, nn.Module]:
     if not isinstance(models, Mapping) or not models:
         raise TypeError(f"`{what}` must be a non-empty mapping name -> nn.Module, got {type(models).__name__}")
     return {str(k): check_model(m, f"{what}[{k!r}]") for k, m in models.items()}
-
-
-def is_targeted(attack: Attack) -> bool:
-    return bool(getattr(attack, "targeted", False) or type(attack).always_targeted)
 
 
 def check_targets(named: list[tuple[str, Attack]], target_fn: TargetFn | None) -> None:
